@@ -1,0 +1,45 @@
+# Set-up is idempotent: each step reruns only when its inputs change.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+DEPS   := $(VENV)/.stamp-deps
+BUILT  := $(VENV)/.stamp-build
+EXT_SOURCES := $(wildcard ext/*.cpp ext/*.h ext/*.cu ext/*.cuh) setup.py pyproject.toml
+
+.PHONY: setup build run test test-fast lint doctor clean
+
+setup: $(BUILT)
+
+build: $(BUILT)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# pinned dependencies (torch 2.13.0 CPU is the local wheel pip finds on these machines)
+$(DEPS): requirements.lock | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	@touch $@
+
+# the package (editable) and its compiled extension, against the torch installed above
+$(BUILT): $(DEPS) $(EXT_SOURCES)
+	$(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
+	@touch $@
+
+run: $(BUILT)
+	$(BIN)/qtrain run qtrain.toml
+
+test: $(BUILT)
+	$(BIN)/python -m pytest
+
+test-fast: $(BUILT)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(DEPS)
+	$(BIN)/ruff check qtrain plugins tests bench setup.py
+	$(BIN)/ruff format --check qtrain plugins tests bench setup.py
+
+doctor: $(BUILT)
+	$(BIN)/qtrain doctor
+
+clean:
+	rm -rf build qtrain/*.so $(BUILT)

@@ -1,0 +1,5 @@
+"""``python -m qtrain`` is the ``qtrain`` command."""
+
+from qtrain.cli import main
+
+main()

@@ -1,0 +1,302 @@
+"""The ``qtrain`` command: run, datasets, models, plugins, doctor.
+
+Results go to standard output (a short report, or with ``--json`` one JSON
+object on the last line); progress and logs go to standard error. Bad input
+ends with one line on standard error and exit status 2; ``--debug`` shows
+the traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import MISSING
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from qtrain import __version__
+from qtrain.config import OptionInfo
+from qtrain.errors import QtrainError
+
+app = typer.Typer(
+    help="Quantized GNN training for DGL, driven by a TOML recipe.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+DEFAULT_RECIPE = Path("qtrain.toml")
+
+T = TypeVar("T")
+
+
+class _State:
+    debug = os.environ.get("QTRAIN_DEBUG", "") not in ("", "0")
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    err.print(f"qtrain: error: {message}", markup=False, highlight=False)
+    raise typer.Exit(code)
+
+
+def guarded(action: Callable[[], T], debug: bool = False) -> T:
+    """Run ``action``, turning errors into one line and an exit status."""
+    if debug or _State.debug:
+        return action()
+    try:
+        return action()
+    except QtrainError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    except KeyboardInterrupt as exc:
+        where = getattr(exc, "run_dir", None)
+        err.print(
+            "qtrain: interrupted" + (f"; {where} keeps the metrics so far" if where else ""),
+            markup=False,
+            highlight=False,
+        )
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:
+        where = getattr(exc, "run_dir", None)
+        suffix = f"; {where} keeps what was measured" if where else ""
+        _fail(f"{type(exc).__name__}: {exc}{suffix} (--debug shows the traceback)", EXIT_FAILED)
+
+
+@app.callback()
+def _main(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+    ] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        out.print(f"qtrain {__version__}")
+        raise typer.Exit(0)
+    if debug:
+        _State.debug = True
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+def run(
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable)."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the summary as JSON on the last line.")
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+    ] = False,
+) -> None:
+    """Train the model a recipe names, with the plugins it names."""
+
+    def action() -> dict[str, Any]:
+        from qtrain._io import stdout_to_stderr
+        from qtrain.recipe import load_recipe
+        from qtrain.train.runner import execute
+
+        path = recipe if recipe is not None else DEFAULT_RECIPE
+        if recipe is None and not path.exists():
+            raise QtrainError(
+                "no recipe given and ./qtrain.toml does not exist; "
+                "run `qtrain run path/to/recipe.toml` (see examples/)"
+            )
+        loaded = load_recipe(path, set_ or [])
+        with stdout_to_stderr():
+            return execute(loaded)
+
+    summary = guarded(action, debug)
+    if as_json:
+        _print_json(summary)
+        return
+    metric = summary.get("metric", "accuracy")
+    out.print(
+        f"test {metric} {summary['test_acc']:.4f}  val {summary['val_acc']:.4f}  "
+        f"best epoch {summary['best_epoch']}/{summary['epochs']}  "
+        f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch (median)",
+        highlight=False,
+    )
+    out.print(f"run directory: {summary['run_dir']}", highlight=False)
+
+
+def _format_default(value: Any) -> str:
+    if value is MISSING:
+        return "(required)"
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _options_text(options: list[OptionInfo]) -> str:
+    if not options:
+        return "(none)"
+    return "\n".join(f"{o.name}: {o.type} = {_format_default(o.default)}" for o in options)
+
+
+def _listing(kind: str, entries: list[Any], as_json: bool) -> None:
+    if as_json:
+        _print_json(
+            [
+                {
+                    "name": e.name,
+                    "summary": e.summary,
+                    "options": [
+                        {
+                            "name": o.name,
+                            "type": o.type,
+                            "default": _format_default(o.default),
+                            "help": o.help,
+                        }
+                        for o in e.describe()
+                    ],
+                }
+                for e in entries
+            ]
+        )
+        return
+    table = Table(title=f"registered {kind}", show_lines=True)
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("what it is")
+    table.add_column("options (key: type = default)")
+    for e in entries:
+        table.add_row(e.name, e.summary, _options_text(e.describe()))
+    out.print(table)
+
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")]
+
+
+@app.command()
+def datasets(as_json: JsonFlag = False) -> None:
+    """List the registered datasets and their options."""
+    from qtrain.data import DATASETS
+
+    guarded(lambda: _listing("datasets", list(DATASETS), as_json))
+
+
+@app.command()
+def models(as_json: JsonFlag = False) -> None:
+    """List the registered models and their options."""
+    from qtrain.models import MODELS
+
+    guarded(lambda: _listing("models", list(MODELS), as_json))
+
+
+@app.command()
+def plugins(as_json: JsonFlag = False) -> None:
+    """List the registered plugins and their options."""
+    from qtrain.plugin import PLUGINS, discovery_errors
+
+    guarded(lambda: _listing("plugins", list(PLUGINS), as_json))
+    for problem in discovery_errors:
+        err.print(f"qtrain: warning: plugin not loaded: {problem}", markup=False, highlight=False)
+
+
+def _doctor_report() -> dict[str, Any]:
+    """Versions, adaptations, extension builds and devices, as one dict."""
+    import torch
+
+    from qtrain import _compat
+    from qtrain.backends import status as backend_status
+    from qtrain.data.base import data_dir
+
+    report: dict[str, Any] = {
+        "qtrain": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+    }
+    try:
+        dgl = _compat.import_dgl()
+        report["dgl"] = dgl.__version__
+    except Exception as exc:  # doctor reports, it does not crash
+        report["dgl"] = None
+        report["dgl_error"] = f"{type(exc).__name__}: {exc}"
+    report["compat"] = _compat.applied()
+    report["extensions"] = backend_status()
+    devices = [f"cpu ({torch.get_num_threads()} threads)"]
+    if torch.cuda.is_available():
+        devices += [
+            f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())
+        ]
+    report["devices"] = devices
+    report["data_dir"] = str(data_dir())
+    from qtrain.plugin import PLUGINS, discovery_errors
+
+    report["plugins"] = PLUGINS.names()
+    report["plugin_errors"] = list(discovery_errors)
+    return report
+
+
+@app.command()
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Report versions, DGL adaptations, the compiled extension and devices."""
+    report = guarded(_doctor_report)
+    healthy = report["dgl"] is not None and report["extensions"].get("ext-cpu", {}).get(
+        "built", False
+    )
+    if as_json:
+        _print_json({**report, "healthy": healthy})
+        raise typer.Exit(0 if healthy else EXIT_FAILED)
+    table = Table(title="qtrain doctor", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("found")
+    for key in ("qtrain", "python", "platform", "torch", "torch_cuda"):
+        table.add_row(key, str(report[key]))
+    table.add_row("dgl", report["dgl"] or f"[red]not importable[/red]: {report.get('dgl_error')}")
+    table.add_row("compat", "\n".join(report["compat"]) or "(none needed)")
+    for name, info in report["extensions"].items():
+        if info.get("built"):
+            detail = ", ".join(
+                f"{k}={v}" for k, v in info.items() if k not in ("built", "error") and v is not None
+            )
+            table.add_row(name, f"[green]built[/green] {detail}")
+        else:
+            table.add_row(name, f"[yellow]not built[/yellow]: {info.get('error')}")
+    table.add_row("devices", "\n".join(report["devices"]))
+    table.add_row("data dir", report["data_dir"])
+    table.add_row("plugins", ", ".join(report["plugins"]) or "(none)")
+    for problem in report["plugin_errors"]:
+        table.add_row("[red]plugin error[/red]", problem)
+    out.print(table)
+    if not healthy:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Plugins: the registry, the patcher that swaps DGL's primitives, and sessions.
+
+A plugin is a ``Plugin`` subclass with a typed ``Config`` and an
+``activate(patcher)`` that asks its ``Patcher`` to wrap DGL primitives. The
+patcher replaces the primitive's function object in *every* module namespace
+that holds a reference to it (DGL binds its kernels by name in several
+modules, and user code may have done ``from dgl.ops import edge_softmax``),
+and puts exactly the original objects back on deactivation. Dense products
+(``torch.matmul``, ``nn.Linear``, ``@``) are seen through a
+``TorchFunctionMode``, which reaches every call an unmodified model makes.
+
+Built-in plugins live in ``plugins/`` (installed as ``qtrain.plugins``);
+third-party ones register in the ``qtrain.plugins`` entry-point group.
+Plugins compose in the order a recipe lists them: a later plugin wraps what
+the earlier ones installed, and deactivation runs in reverse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from qtrain._compat import import_dgl
+from qtrain.errors import PluginError, RecipeError
+from qtrain.registry import Registry
+
+# Where DGL binds each primitive at import; the patcher starts from the object
+# found here and replaces every reference to it.
+PRIMITIVES: dict[str, tuple[str, str]] = {
+    "gspmm": ("dgl.ops.spmm", "gspmm_internal"),
+    "gspmm_hetero": ("dgl.ops.spmm", "gspmm_internal_hetero"),
+    "gsddmm": ("dgl.ops.sddmm", "gsddmm_internal"),
+    "gsddmm_hetero": ("dgl.ops.sddmm", "gsddmm_internal_hetero"),
+    "edge_softmax": ("dgl.ops.edge_softmax", "edge_softmax_internal"),
+    "edge_softmax_hetero": ("dgl.ops.edge_softmax", "edge_softmax_hetero_internal"),
+    "gather_mm": ("dgl.ops.gather_mm", "gather_mm"),
+    "segment_mm": ("dgl.ops.segment", "segment_mm"),
+}
+
+# The dense products a TorchFunctionMode sees from DGL's convolutions.
+DENSE_FUNCTIONS: dict[Callable[..., Any], str] = {
+    torch.matmul: "matmul",
+    torch.Tensor.matmul: "matmul",
+    torch.Tensor.__matmul__: "matmul",
+    torch.Tensor.__rmatmul__: "matmul",
+    torch.mm: "mm",
+    torch.Tensor.mm: "mm",
+    torch.bmm: "bmm",
+    torch.Tensor.bmm: "bmm",
+    torch.addmm: "addmm",
+    torch.nn.functional.linear: "linear",
+}
+
+DenseHandler = Callable[[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+@dataclass
+class PluginContext:
+    """What a plugin may need to know about the run it is part of."""
+
+    seed: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    model: torch.nn.Module | None = None
+    dataset: Any = None  # qtrain.data.base.NodeDataset
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A plugin that takes no options."""
+
+
+class _DenseMode(TorchFunctionMode):
+    """Routes the dense products in DENSE_FUNCTIONS to a plugin's handler."""
+
+    def __init__(self, handler: DenseHandler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        kind = DENSE_FUNCTIONS.get(func)
+        if kind is None:
+            return func(*args, **kwargs)
+        return self.handler(kind, func, args, kwargs)
+
+
+@dataclass
+class _Replacement:
+    namespace: dict[str, Any]
+    key: str
+    original: Any
+    replacement: Any
+
+
+class Patcher:
+    """Installs one plugin's patches and undoes exactly those."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._replacements: list[_Replacement] = []
+        self._modes: list[TorchFunctionMode] = []
+
+    @staticmethod
+    def current(primitive: str) -> Callable[..., Any]:
+        """The object DGL currently calls for ``primitive``."""
+        import_dgl()
+        try:
+            module_name, attr = PRIMITIVES[primitive]
+        except KeyError:
+            raise PluginError(
+                f"unknown primitive {primitive!r}; known: {', '.join(PRIMITIVES)}"
+            ) from None
+        importlib.import_module(module_name)
+        return getattr(sys.modules[module_name], attr)
+
+    def wrap(self, primitive: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
+        """Replace ``primitive`` by ``make(current)`` everywhere; return the references changed."""
+        original = self.current(primitive)
+        replacement = make(original)
+        return self.replace(original, replacement)
+
+    def replace(self, original: Any, replacement: Any) -> int:
+        """Point every module-level reference to ``original`` at ``replacement``."""
+        changed = 0
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for key, value in list(namespace.items()):
+                if value is original:
+                    namespace[key] = replacement
+                    self._replacements.append(_Replacement(namespace, key, original, replacement))
+                    changed += 1
+        if changed == 0:
+            raise PluginError(
+                f"plugin {self.owner!r}: no module holds {original!r}; nothing to patch"
+            )
+        return changed
+
+    def dense(self, handler: DenseHandler) -> None:
+        """Send dense products to ``handler(kind, func, args, kwargs)`` while active."""
+        mode = _DenseMode(handler)
+        mode.__enter__()
+        self._modes.append(mode)
+
+    def restore(self) -> None:
+        """Undo this patcher's changes, newest first."""
+        while self._modes:
+            self._modes.pop().__exit__(None, None, None)
+        while self._replacements:
+            r = self._replacements.pop()
+            if r.namespace.get(r.key) is r.replacement:
+                r.namespace[r.key] = r.original
+            else:
+                warnings.warn(
+                    f"plugin {self.owner!r}: {r.key} was changed by someone else while patched; "
+                    "left as it is",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+
+class Plugin:
+    """Base class of every plugin: typed config, activate, deactivate, report."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+
+    def __init__(self, config: Any, context: PluginContext) -> None:
+        self.config = config
+        self.context = context
+
+    def activate(self, patcher: Patcher) -> None:
+        """Install this plugin's patches through ``patcher``."""
+        raise NotImplementedError
+
+    def deactivate(self) -> None:
+        """Release anything beyond the patches (the patcher undoes those)."""
+
+    def report(self) -> dict[str, Any]:
+        """What this plugin measured, for the run summary."""
+        return {}
+
+
+discovery_errors: list[str] = []
+
+
+def _discover() -> None:
+    """Register the built-in plugins and those of installed packages."""
+    importlib.import_module("qtrain.plugins")
+    for ep in entry_points(group="qtrain.plugins"):
+        if ep.name in PLUGINS._entries:
+            continue
+        try:
+            cls = ep.load()
+            if not (isinstance(cls, type) and issubclass(cls, Plugin)):
+                raise TypeError(f"{ep.value} is not a qtrain.plugin.Plugin subclass")
+            PLUGINS.add(ep.name, cls, options=cls.Config, summary=cls.summary)
+        except Exception as exc:  # a broken third-party plugin must not break qtrain
+            discovery_errors.append(f"entry point {ep.name!r} ({ep.value}): {exc}")
+
+
+PLUGINS: Registry[type[Plugin]] = Registry("plugin", loader=_discover)
+
+
+def register_plugin(cls: type[Plugin]) -> type[Plugin]:
+    """Class decorator for built-in and programmatic plugins."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a class attribute `name`")
+    PLUGINS.add(cls.name, cls, options=cls.Config, summary=cls.summary)
+    return cls
+
+
+class PatchSession:
+    """Plugins activated together; a context manager, or activate()/deactivate()."""
+
+    def __init__(self, quant: Any, context: PluginContext | None = None) -> None:
+        self.context = context or PluginContext()
+        self.names: list[str] = list(quant.plugins)
+        self.plugins: list[Plugin] = [
+            PLUGINS.get(name).factory(quant.configs[name], self.context) for name in self.names
+        ]
+        self._patchers: list[Patcher] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self._patchers)
+
+    def activate(self) -> PatchSession:
+        if self.active:
+            raise PluginError("this patch session is already active")
+        try:
+            for plugin in self.plugins:
+                patcher = Patcher(plugin.name)
+                self._patchers.append(patcher)
+                plugin.activate(patcher)
+        except BaseException:
+            self.deactivate()
+            raise
+        return self
+
+    def deactivate(self) -> None:
+        for plugin, patcher in reversed(list(zip(self.plugins, self._patchers, strict=False))):
+            try:
+                plugin.deactivate()
+            finally:
+                patcher.restore()
+        self._patchers.clear()
+
+    def report(self) -> dict[str, Any]:
+        return {p.name: p.report() for p in self.plugins}
+
+    def __enter__(self) -> PatchSession:
+        return self.activate()
+
+    def __exit__(self, *exc: object) -> None:
+        self.deactivate()
+
+
+def activated(quant: Any, context: PluginContext | None = None) -> PatchSession:
+    """The plugins of a recipe's ``[quant]`` section, ready to enter."""
+    return PatchSession(quant, context)
+
+
+def _quant_section(policy: Any, options: Mapping[str, Any]) -> Any:
+    """Turn the forms ``qtrain.patch`` accepts into a validated QuantSection."""
+    from qtrain.recipe import QuantSection, Recipe, _quant
+
+    if isinstance(policy, Recipe):
+        policy = policy.quant
+    if isinstance(policy, QuantSection):
+        if options:
+            raise PluginError("options go in the QuantSection, not as keywords")
+        return policy
+    if policy is None:
+        table: dict[str, Any] = {"plugin": []}
+    elif isinstance(policy, str):
+        table = {"plugin": [policy], policy: dict(options)}
+    elif isinstance(policy, Iterable) and not isinstance(policy, Mapping):
+        names = list(policy)
+        if options:
+            raise PluginError("keyword options need a single plugin name; pass a dict for several")
+        table = {"plugin": names}
+    elif isinstance(policy, Mapping):
+        table = dict(policy)
+        if options:
+            raise PluginError("keyword options need a single plugin name; put them in the dict")
+    else:
+        raise PluginError(
+            "qtrain.patch takes a plugin name, a list of names, a [quant] table as a dict, "
+            f"a QuantSection or a Recipe, not {type(policy).__name__}"
+        )
+    try:
+        return _quant({"quant": table})
+    except RecipeError as exc:
+        raise PluginError(str(exc)) from None
+
+
+def patch(policy: Any = None, /, *, seed: int = 0, **options: Any) -> PatchSession:
+    """Patch DGL for a user's own training loop.
+
+    ``with qtrain.patch("trace") as session: train(model)`` or
+    ``qtrain.patch({"plugin": ["tango", "exact"], "tango": {"bits": 8}})``.
+    """
+    return PatchSession(_quant_section(policy, options), PluginContext(seed=seed))

@@ -1,0 +1,324 @@
+"""TOML recipe -> validated, frozen dataclasses; every error names the key.
+
+A recipe has six tables: ``[model]``, ``[dataset]``, ``[train]``, ``[quant]``
+(with one sub-table per plugin), ``[distributed]`` and ``[output]``. The
+model, dataset and plugin tables are checked against the options their
+registry entries declare, so a typo anywhere fails before training starts.
+``resolve_toml`` writes the recipe back with every default filled in: fed to
+``qtrain run`` again it reproduces the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from qtrain.config import option, parse_section, to_table
+from qtrain.errors import RecipeError, one_of
+
+SECTIONS = ("model", "dataset", "train", "quant", "distributed", "output")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: loop, optimiser, evaluation, seeds."""
+
+    mode: Literal["full", "minibatch"] = option(
+        "full", "full-graph steps, or neighbour-sampled mini-batches for large graphs"
+    )
+    epochs: int = option(200, "training epochs", min=1)
+    lr: float = option(0.01, "Adam learning rate", min=0.0)
+    weight_decay: float = option(5e-4, "Adam weight decay (L2)", min=0.0)
+    seed: int = option(0, "seed for weights, dropout, sampling and stochastic rounding", min=0)
+    eval_every: int = option(1, "evaluate on validation and test every N epochs", min=1)
+    patience: int = option(
+        0, "stop after N evaluations without a better validation metric (0 = never)", min=0
+    )
+    fanouts: list[int] = option(
+        [10, 25], "mini-batch: neighbours sampled per layer, input layer first (-1 = all)", min=-1
+    )
+    batch_size: int = option(1024, "mini-batch: seed nodes per batch", min=1)
+    eval_batch_size: int = option(
+        4096, "mini-batch: nodes per batch in layer-wise evaluation", min=1
+    )
+    device: str = option("cpu", "'cpu', 'cuda' or 'cuda:N'")
+    threads: int = option(0, "CPU threads for torch (0 = torch's default)", min=0)
+
+    def validate(self) -> None:
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ValueError(
+                f"device = {self.device!r} is not allowed; use 'cpu', 'cuda' or 'cuda:N'"
+            )
+        if any(f == 0 for f in self.fanouts):
+            raise ValueError("fanouts must be positive or -1 (all neighbours), not 0")
+        if not self.fanouts:
+            raise ValueError("fanouts must list one entry per GNN layer")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-worker full-graph training (the adaqp plugin builds on it)."""
+
+    world_size: int = option(1, "number of workers", min=1)
+    backend: Literal["gloo", "nccl"] = option("gloo", "torch.distributed backend")
+    partition: Literal["metis", "random"] = option("metis", "how the graph is split across workers")
+
+    def validate(self) -> None:
+        if self.world_size != 1:
+            raise ValueError(
+                f"world_size = {self.world_size}: this release trains in one process; use 1"
+            )
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """Where a run's files go."""
+
+    dir: str = option("runs", "parent folder of the run directories")
+    name: str = option("", "run name prefix (default: the recipe file's name)")
+    checkpoint: bool = option(True, "save the best-on-validation model")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """``[model]``: a registered model name and that model's options."""
+
+    name: str
+    options: Any
+
+
+@dataclass(frozen=True)
+class DatasetSection:
+    """``[dataset]``: a registered dataset name and that dataset's options."""
+
+    name: str
+    options: Any
+
+
+@dataclass(frozen=True)
+class QuantSection:
+    """``[quant]``: the plugins to activate, in order, and each one's config."""
+
+    plugins: tuple[str, ...] = ()
+    configs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A whole validated recipe; ``name`` names its run directories."""
+
+    name: str
+    model: ModelSection
+    dataset: DatasetSection
+    train: TrainConfig
+    quant: QuantSection
+    distributed: DistributedConfig
+    output: OutputConfig
+
+
+def _table(raw: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise RecipeError(f"[{key}] must be a table, got {type(value).__name__}")
+    return value
+
+
+def _named(raw: Mapping[str, Any], key: str, registry: Any) -> tuple[str, Any]:
+    table = _table(raw, key)
+    if "name" not in table:
+        raise RecipeError(f"missing key {key}.name; registered: {one_of(registry.names())}")
+    name = table["name"]
+    if not isinstance(name, str):
+        raise RecipeError(f"{key}.name must be a string; registered: {one_of(registry.names())}")
+    entry = registry.get(name)
+    return name, entry.parse(table, key)
+
+
+def _quant(raw: Mapping[str, Any]) -> QuantSection:
+    from qtrain.plugin import PLUGINS
+
+    table = _table(raw, "quant")
+    plugins = table.get("plugin", [])
+    if isinstance(plugins, str):
+        plugins = [plugins] if plugins else []
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise RecipeError(
+            f"quant.plugin must be a name or a list of names; registered: {one_of(PLUGINS.names())}"
+        )
+    if len(set(plugins)) != len(plugins):
+        raise RecipeError(f"quant.plugin lists a plugin twice: {plugins}")
+    configs: dict[str, Any] = {}
+    for name in plugins:
+        PLUGINS.get(name)  # unknown names fail here, listing the registered ones
+    for key, value in table.items():
+        if key == "plugin":
+            continue
+        if not isinstance(value, dict):
+            raise RecipeError(
+                f"unknown key quant.{key}; [quant] takes 'plugin' and one sub-table per plugin "
+                f"({one_of(PLUGINS.names())})"
+            )
+        if key not in PLUGINS:
+            raise RecipeError(
+                f"unknown plugin table [quant.{key}]; registered: {one_of(PLUGINS.names())}"
+            )
+    for name in plugins:
+        configs[name] = PLUGINS.get(name).parse(
+            _table(table, name) if name in table else {}, f"quant.{name}"
+        )
+    return QuantSection(tuple(plugins), configs)
+
+
+def build_recipe(raw: Mapping[str, Any], name: str) -> Recipe:
+    """Validate a recipe given as nested dicts (a parsed TOML document)."""
+    from qtrain.data import DATASETS
+    from qtrain.models import MODELS
+
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise RecipeError(f"unknown section [{unknown[0]}]; sections: {', '.join(SECTIONS)}")
+    model_name, model_opts = _named(raw, "model", MODELS)
+    dataset_name, dataset_opts = _named(raw, "dataset", DATASETS)
+    output = parse_section(OutputConfig, _table(raw, "output"), "output")
+    return Recipe(
+        name=output.name or name,
+        model=ModelSection(model_name, model_opts),
+        dataset=DatasetSection(dataset_name, dataset_opts),
+        train=parse_section(TrainConfig, _table(raw, "train"), "train"),
+        quant=_quant(raw),
+        distributed=parse_section(DistributedConfig, _table(raw, "distributed"), "distributed"),
+        output=output,
+    )
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file, turning I/O and syntax errors into one-line RecipeErrors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"recipe {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"recipe {path} cannot be read: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"recipe {path} is not valid TOML: {exc}") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``train.epochs=5`` -> (["train", "epochs"], 5); bare words become strings."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RecipeError(f"--set {text!r} must look like SECTION.KEY=VALUE, e.g. train.epochs=5")
+    path = key.split(".")
+    if path[0] not in SECTIONS or len(path) < 2 or not all(path):
+        raise RecipeError(
+            f"--set {key}: the key must start with one of {', '.join(SECTIONS)} and name a key"
+        )
+    value = value.strip()
+    try:
+        parsed = tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        if not value or any(c in value for c in "[]{}\"'"):
+            raise RecipeError(f"--set {key}={value}: not a valid TOML value") from None
+        parsed = value  # a bare word: model.name=gat
+    return path, parsed
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with each ``KEY=VALUE`` override set (types checked later)."""
+    out = copy.deepcopy(dict(raw))
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RecipeError(f"--set {'.'.join(path)}: {part} is not a table")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
+    """Read, override and validate a recipe file."""
+    path = Path(path)
+    raw = apply_overrides(read_toml(path), overrides)
+    return build_recipe(raw, name=path.stem)
+
+
+def recipe_tables(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as nested dicts with every default filled in."""
+    quant: dict[str, Any] = {"plugin": list(recipe.quant.plugins)}
+    for name in recipe.quant.plugins:
+        quant[name] = to_table(recipe.quant.configs[name])
+    return {
+        "model": {"name": recipe.model.name, **to_table(recipe.model.options)},
+        "dataset": {"name": recipe.dataset.name, **to_table(recipe.dataset.options)},
+        "train": to_table(recipe.train),
+        "quant": quant,
+        "distributed": to_table(recipe.distributed),
+        "output": {**to_table(recipe.output), "name": recipe.name},
+    }
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        escaped = (
+            value.replace("\\", "\\\\")
+            .replace('"', '\\"')
+            .replace("\n", "\\n")
+            .replace("\t", "\\t")
+        )
+        return f'"{escaped}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def dumps_toml(tables: Mapping[str, Any], header: str = "") -> str:
+    """Write nested dicts (tables of scalars, lists and sub-tables) as TOML."""
+    lines = [f"# {line}" for line in header.splitlines()]
+
+    def emit(prefix: str, table: Mapping[str, Any]) -> None:
+        if lines:
+            lines.append("")
+        lines.append(f"[{prefix}]")
+        subtables = []
+        for key, value in table.items():
+            if isinstance(value, Mapping):
+                subtables.append((key, value))
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        for key, value in subtables:
+            emit(f"{prefix}.{key}", value)
+
+    for key, value in tables.items():
+        emit(key, value)
+    return "\n".join(lines) + "\n"
+
+
+def resolve_toml(recipe: Recipe, header: str = "") -> str:
+    """The resolved recipe as TOML text, reproducing the run when fed back."""
+    return dumps_toml(recipe_tables(recipe), header)

@@ -1,0 +1,172 @@
+"""The command line: listings, doctor, runs, and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qtrain.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+TINY = """
+[model]
+name = "gcn"
+hidden = 8
+
+[dataset]
+name = "synthetic-small"
+
+[train]
+epochs = 3
+
+[output]
+dir = "{out}"
+"""
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("QTRAIN_DATA_DIR", str(tmp_path / "data"))
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(out=tmp_path / "runs"))
+    return path
+
+
+def _json_last_line(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [("models", "gcnii"), ("datasets", "synthetic-arxiv"), ("plugins", "trace")],
+)
+def test_listings(command: str, expected: str) -> None:
+    result = runner.invoke(app, [command])
+    assert result.exit_code == 0, result.output
+    assert expected in result.stdout
+    listed = runner.invoke(app, [command, "--json"])
+    entries = json.loads(listed.stdout)
+    assert expected in {e["name"] for e in entries}
+    assert all("options" in e and "summary" in e for e in entries)
+
+
+def test_doctor_reports_versions_compat_and_extension() -> None:
+    result = runner.invoke(app, ["doctor", "--json"])
+    report = _json_last_line(result.stdout)
+    assert report["dgl"].startswith("2.")
+    assert report["torch"]
+    assert "ext-cpu" in report["extensions"] and "ext-cuda" in report["extensions"]
+    assert any("graphbolt" in c for c in report["compat"]) or report["compat"] == []
+    assert result.exit_code == (0 if report["healthy"] else 1)
+    table = runner.invoke(app, ["doctor"])
+    assert "dgl" in table.stdout and "ext-cpu" in table.stdout
+
+
+def test_run_json_summary_and_run_directory(tiny_recipe: Path) -> None:
+    result = runner.invoke(app, ["run", str(tiny_recipe), "--json", "--set", "train.epochs=2"])
+    assert result.exit_code == 0, result.output
+    summary = _json_last_line(result.stdout)
+    for key in (
+        "test_acc",
+        "val_acc",
+        "best_epoch",
+        "epochs",
+        "epoch_time_s",
+        "train_time_s",
+        "peak_memory_bytes",
+        "run_dir",
+        "plugins",
+    ):
+        assert key in summary, key
+    assert summary["epochs"] == 2
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.name.startswith("tiny-")
+    for name in ("recipe.toml", "metrics.jsonl", "summary.json"):
+        assert (run_dir / name).exists(), name
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "epochs = 2" in (run_dir / "recipe.toml").read_text()
+
+
+def test_run_with_trace_plugin_reports_primitive_calls(tiny_recipe: Path) -> None:
+    result = runner.invoke(app, ["run", str(tiny_recipe), "--json", "--set", "quant.plugin=trace"])
+    assert result.exit_code == 0, result.output
+    summary = _json_last_line(result.stdout)
+    assert summary["plugins"] == ["trace"]
+    calls = summary["plugin_reports"]["trace"]["calls"]
+    assert calls["gspmm"]["copy_lhs/sum"] > 0 and calls["dense"]["matmul"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "train.epochs=zero"], "train.epochs = 'zero' must be an integer"),
+        (["--set", "model.name=resnet"], "unknown model 'resnet'; registered:"),
+        (["--set", "dataset.name=imagenet"], "unknown dataset 'imagenet'; registered:"),
+        (["--set", "quant.plugin=nope"], "unknown plugin 'nope'; registered:"),
+        (["--set", "epochs"], "must look like SECTION.KEY=VALUE"),
+        (["--set", "dataset.name=cora"], "cora"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tiny_recipe: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["run", str(tiny_recipe), *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("qtrain: error: ")
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_recipe_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["run"])
+    assert result.exit_code == 2
+    assert "./qtrain.toml does not exist" in result.stderr
+    result = runner.invoke(app, ["run", "nothere.toml"])
+    assert result.exit_code == 2
+    assert "recipe nothere.toml not found" in result.stderr
+
+
+def test_debug_shows_the_traceback(tiny_recipe: Path) -> None:
+    result = runner.invoke(app, ["run", str(tiny_recipe), "--debug", "--set", "model.name=resnet"])
+    assert result.exit_code != 0
+    assert result.exception is not None
+
+
+def test_console_script_keeps_stdout_machine_readable(tiny_recipe: Path, tmp_path: Path) -> None:
+    """A real process: the last stdout line parses as JSON even with DGL printing."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qtrain",
+            "run",
+            str(tiny_recipe),
+            "--json",
+            "--set",
+            "train.epochs=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _json_last_line(proc.stdout)["epochs"] == 1
+    bad = subprocess.run(
+        [sys.executable, "-m", "qtrain", "run", str(tiny_recipe), "--set", "train.lr=-1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "qtrain: error: train.lr = -1.0 is too small; allowed: >= 0.0"
+    assert bad.stdout == ""

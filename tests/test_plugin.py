@@ -1,0 +1,242 @@
+"""Patching DGL: every primitive call reaches the plugin, and deactivation restores DGL exactly."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+import qtrain
+from qtrain._compat import import_dgl
+from qtrain.config import option
+from qtrain.errors import PluginError
+from qtrain.plugin import PLUGINS, PRIMITIVES, Patcher, Plugin, PluginContext, _discover
+
+dgl = import_dgl()
+from dgl.nn import GATConv, GCN2Conv, GraphConv, SAGEConv  # noqa: E402
+
+
+def _graph(n: int = 30, e: int = 120, seed: int = 0) -> Any:
+    torch.manual_seed(seed)
+    g = dgl.rand_graph(n, e)
+    return dgl.add_self_loop(dgl.remove_self_loop(g))
+
+
+def _primitive_ids() -> set[int]:
+    """Ids of the objects DGL currently calls for each primitive."""
+    return {id(Patcher.current(p)) for p in PRIMITIVES}
+
+
+def _references(targets: set[int] | None = None) -> dict[tuple[str, str], int]:
+    """Every module-level name bound to one of ``targets`` (default: the primitives now)."""
+    targets = _primitive_ids() if targets is None else targets
+    refs = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for key, value in list(namespace.items()):
+            if id(value) in targets:
+                refs[(name, key)] = id(value)
+    return refs
+
+
+def _run_models(g: Any, x: torch.Tensor) -> list[torch.Tensor]:
+    torch.manual_seed(1)
+    models = [GraphConv(8, 4), SAGEConv(8, 4, "mean"), GATConv(8, 4, num_heads=2)]
+    outs = []
+    for m in models:
+        y = m(g, x)
+        y.sum().backward()
+        outs.append(y.detach())
+    gcn2 = GCN2Conv(8, layer=1)
+    y = gcn2(g, x, x)
+    y.sum().backward()
+    outs.append(y.detach())
+    return outs
+
+
+def test_trace_sees_every_primitive_of_unmodified_dgl_modules() -> None:
+    g, x = _graph(), torch.randn(30, 8)
+    with qtrain.patch("trace", log=True) as session:
+        _run_models(g, x)
+    calls = session.report()["trace"]["calls"]
+    assert calls["gspmm"]["copy_lhs/sum"] >= 3  # GraphConv, SAGEConv (mean = sum/deg), GCN2Conv
+    assert "u_mul_e" not in calls["gspmm"]  # DGL names it by op
+    assert calls["gspmm"]["mul/sum"] >= 1  # GATConv's u_mul_e aggregation with attention
+    assert calls["gsddmm"]["add(u,v)"] >= 1  # GATConv's el + er
+    assert calls["edge_softmax"]["dst"] == 1
+    assert calls["dense"]["matmul"] >= 1  # GraphConv's th.matmul(feat, weight)
+    assert calls["dense"]["linear"] >= 2  # SAGEConv's and GATConv's nn.Linear
+    plugin = session.plugins[0]
+    assert any(p == "gspmm" and shapes for p, _, shapes in plugin.log)
+
+
+def test_trace_changes_no_numbers() -> None:
+    g, x = _graph(), torch.randn(30, 8)
+    plain = _run_models(g, x)
+    with qtrain.patch("trace"):
+        traced = _run_models(g, x)
+    for a, b in zip(plain, traced, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_deactivation_restores_dgl_exactly() -> None:
+    originals = _primitive_ids()
+    before = _references(originals)
+    assert len(before) > len(PRIMITIVES), "expected DGL to bind its primitives in several modules"
+    session = qtrain.patch("trace")
+    session.activate()
+    assert not _references(originals), "some references to DGL primitives were left unpatched"
+    assert len(_references()) == len(before)  # the wrappers sit exactly where the originals were
+    session.deactivate()
+    assert _references(originals) == before
+    assert _primitive_ids() == originals
+    assert not session.active
+
+
+def test_restore_after_an_exception_inside_the_block() -> None:
+    before = _references()
+    with pytest.raises(RuntimeError, match="boom"), qtrain.patch("trace"):
+        raise RuntimeError("boom")
+    assert _references() == before
+
+
+def test_blocks_for_minibatch_training_are_patched_too() -> None:
+    g = _graph(60, 300)
+    sampler = dgl.dataloading.NeighborSampler([4, 4])
+    loader = dgl.dataloading.DataLoader(g, torch.arange(10), sampler, batch_size=10)
+    _, _, blocks = next(iter(loader))
+    conv = GraphConv(8, 4)
+    x = torch.randn(blocks[0].num_src_nodes(), 8)
+    with qtrain.patch("trace") as session:
+        conv(blocks[0], x).sum().backward()
+    assert session.report()["trace"]["calls"]["gspmm"]["copy_lhs/sum"] >= 1
+
+
+@dataclass(frozen=True)
+class _ScaleConfig:
+    factor: float = option(2.0, "multiply SpMM outputs by this")
+
+
+class _ScaleSpmm(Plugin):
+    """A plugin that changes numbers, to prove the patched function is the one that runs."""
+
+    name = "test-scale-spmm"
+    summary = "test only"
+    Config = _ScaleConfig
+    order: ClassVar[list[str]] = []
+
+    def activate(self, patcher: Patcher) -> None:
+        def make(inner: Any) -> Any:
+            def scaled(*args: Any) -> Any:
+                _ScaleSpmm.order.append(self.name)
+                return inner(*args) * self.config.factor
+
+            return scaled
+
+        patcher.wrap("gspmm", make)
+
+
+@pytest.fixture
+def scale_plugin() -> Any:
+    PLUGINS.names()  # load built-ins first
+    PLUGINS.add(_ScaleSpmm.name, _ScaleSpmm, options=_ScaleConfig, summary="test")
+    yield _ScaleSpmm
+    del PLUGINS._entries[_ScaleSpmm.name]
+    _ScaleSpmm.order.clear()
+
+
+def test_patched_kernel_really_runs_and_composes(scale_plugin: Any) -> None:
+    g, x = _graph(), torch.randn(30, 8)
+    conv = GraphConv(8, 4, bias=False)
+    plain = conv(g, x).detach()
+    with qtrain.patch(scale_plugin.name, factor=3.0):
+        scaled = conv(g, x).detach()
+    torch.testing.assert_close(scaled, plain * 3.0)
+    with qtrain.patch({"plugin": ["trace", scale_plugin.name]}) as session:
+        conv(g, x)
+    assert session.names == ["trace", scale_plugin.name]
+    assert session.report()["trace"]["calls"]["gspmm"]["copy_lhs/sum"] == 1
+    torch.testing.assert_close(conv(g, x).detach(), plain)
+
+
+def test_unknown_plugin_and_bad_option_are_one_line_errors(scale_plugin: Any) -> None:
+    with pytest.raises(PluginError, match=r"unknown plugin 'nope'; registered: .*'trace'"):
+        qtrain.patch("nope")
+    with pytest.raises(PluginError, match=r"quant\.test-scale-spmm\.factor .* must be a number"):
+        qtrain.patch(scale_plugin.name, factor="big")
+    with pytest.raises(
+        PluginError, match=r"unknown key quant\.trace\.colour; allowed keys: dense, log"
+    ):
+        qtrain.patch("trace", colour=True)
+
+
+def test_entry_point_plugins_are_discovered(monkeypatch: pytest.MonkeyPatch) -> None:
+    class _EP:
+        def __init__(self, name: str, obj: Any) -> None:
+            self.name, self.value, self._obj = name, f"fake:{name}", obj
+
+        def load(self) -> Any:
+            if isinstance(self._obj, Exception):
+                raise self._obj
+            return self._obj
+
+    class ThirdParty(Plugin):
+        name = "third-party"
+        summary = "from an installed package"
+
+        def activate(self, patcher: Patcher) -> None:
+            patcher.wrap("edge_softmax", lambda inner: inner)
+
+    fake = [_EP("third-party", ThirdParty), _EP("broken", ImportError("no module named x"))]
+    monkeypatch.setattr("qtrain.plugin.entry_points", lambda group: fake)
+    monkeypatch.setattr("qtrain.plugin.discovery_errors", [])
+    monkeypatch.setattr(PLUGINS, "_entries", {})
+    monkeypatch.setattr(PLUGINS, "_loaded", True)
+    import qtrain.plugins.trace as trace_module
+
+    PLUGINS.add("trace", trace_module.TracePlugin, options=trace_module.TraceConfig, summary="")
+    _discover()
+    assert "third-party" in PLUGINS.names()
+    import qtrain.plugin as plugin_module
+
+    assert any("broken" in e and "no module named x" in e for e in plugin_module.discovery_errors)
+    with qtrain.patch("third-party") as session:
+        pass
+    assert session.names == ["third-party"]
+
+
+def test_plugin_that_patches_nothing_fails_clearly() -> None:
+    patcher = Patcher("empty")
+    with pytest.raises(PluginError, match="nothing to patch"):
+        patcher.replace(object(), object())
+
+
+def test_activation_failure_rolls_back(scale_plugin: Any) -> None:
+    class Failing(Plugin):
+        name = "failing"
+
+        def activate(self, patcher: Patcher) -> None:
+            patcher.wrap("gsddmm", lambda inner: inner)
+            raise PluginError("cannot activate")
+
+    PLUGINS.add("failing", Failing, options=Failing.Config, summary="test")
+    try:
+        before = _references()
+        with (
+            pytest.raises(PluginError, match="cannot activate"),
+            qtrain.patch({"plugin": ["trace", "failing"]}),
+        ):
+            pass
+        assert _references() == before
+    finally:
+        del PLUGINS._entries["failing"]
+
+
+def test_context_defaults() -> None:
+    ctx = PluginContext()
+    assert ctx.seed == 0 and ctx.device == torch.device("cpu")
