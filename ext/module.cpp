@@ -1,0 +1,81 @@
+// The qtrain._ext module: CPU kernels plus a description of the build.
+#include <ATen/Parallel.h>
+#include <torch/csrc/utils/pybind.h>  // pybind11 + the at::Tensor caster, without all of torch/extension.h
+
+#include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#endif
+
+#include "cpu_isa.h"
+#include "qtrain_ops.h"
+
+namespace {
+
+std::string compiler_version() {
+#if defined(__clang__)
+  return std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  return std::string("gcc ") + __VERSION__;
+#elif defined(_MSC_VER)
+  return "msvc " + std::to_string(_MSC_VER);
+#else
+  return "unknown";
+#endif
+}
+
+pybind11::dict info() {
+  namespace py = pybind11;
+  using namespace qtrain;
+  py::dict d;
+  d["isa"] = isa::name(isa::current());
+  d["isa_best"] = isa::name(isa::best());
+  d["isa_supported"] = isa::supported();
+  d["isa_compiled"] = isa::compiled();
+  d["threads"] = at::get_num_threads();
+#ifdef _OPENMP
+  d["openmp"] = static_cast<int>(_OPENMP);
+  d["omp_max_threads"] = omp_get_max_threads();
+#else
+  d["openmp"] = py::none();
+  d["omp_max_threads"] = 1;
+#endif
+  d["compiler"] = compiler_version();
+#if defined(TORCH_VERSION_MAJOR) && defined(TORCH_VERSION_MINOR) && defined(TORCH_VERSION_PATCH)
+  d["torch_built_against"] = std::to_string(TORCH_VERSION_MAJOR) + "." +
+                             std::to_string(TORCH_VERSION_MINOR) + "." +
+                             std::to_string(TORCH_VERSION_PATCH);
+#else
+  d["torch_built_against"] = py::none();
+#endif
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  // torch must be initialised (its Python types registered) before tensors cross the boundary.
+  py::module_::import("torch");
+  m.doc() = "qtrain CPU kernels (OpenMP, runtime ISA dispatch). See qtrain.backends.status().";
+  m.def("quantize_symmetric", &qtrain::quantize_symmetric, py::arg("x"), py::arg("bits"),
+        py::arg("stochastic") = false, py::arg("seed") = 0, py::arg("offset") = 0,
+        py::call_guard<py::gil_scoped_release>(),
+        "Symmetric per-tensor quantization of a float32 CPU tensor to `bits` (2..8) bits.\n"
+        "Returns (q int8 of x's shape, scale float32 0-d); x ~ q * scale. Stochastic\n"
+        "rounding draws u_i from counter_uniform(numel, seed, offset). Bit-identical to\n"
+        "qtrain.quant.quantize_symmetric for any thread count.");
+  m.def("counter_uniform", &qtrain::counter_uniform, py::arg("n"), py::arg("seed") = 0,
+        py::arg("offset") = 0, py::call_guard<py::gil_scoped_release>(),
+        "n float32 uniforms in [0, 1); element i depends only on (seed, offset + i).");
+  m.def("info", &info,
+        "Build and run-time facts: ISA in use, OpenMP threads, compiler, torch version.");
+  m.def(
+      "set_isa", [](const std::string& name) { return qtrain::isa::set(name); }, py::arg("name"),
+      "Force the kernel variant ('avx512f', 'avx2', 'default'); returns the previous one.");
+}

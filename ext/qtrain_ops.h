@@ -1,0 +1,21 @@
+// C++ entry points of qtrain._ext. Kernel files implement them with light ATen
+// headers only; module.cpp (the one heavy, pybind11-including file) binds them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace qtrain {
+
+// Symmetric per-tensor quantization of a float32 CPU tensor to `bits` (2..8)
+// bits: (q int8 of x's shape, scale float32 0-d), x ~ q * scale.
+std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x, int64_t bits,
+                                                      bool stochastic, uint64_t seed,
+                                                      int64_t offset);
+
+// n float32 uniforms in [0, 1); element i depends only on (seed, offset + i).
+at::Tensor counter_uniform(int64_t n, uint64_t seed, int64_t offset);
+
+}  // namespace qtrain

@@ -1,0 +1,54 @@
+"""Quantize / dequantize with backend dispatch (see ``qtrain.ops.dispatch``).
+
+Arguments are validated here, once, so every backend refuses the same inputs
+with the same Python exception; the backends then agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtrain import backends
+from qtrain.ops import dispatch
+from qtrain.quant import quantize as ref
+from qtrain.quant.rng import check_counter_range, normalize_seed
+
+QUANTIZE_KERNELS = ("ext-cpu",)
+
+
+def quantize(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-tensor quantization: ``(q int8, scale float32 0-d)`` with x ~ q * scale.
+
+    ``x`` of any floating dtype is taken as float32. ``backend`` is "auto"
+    (the compiled kernel for x's device when built, else the reference with
+    the fallback recorded), "reference" or "ext-cpu".
+    """
+    bits = ref.check_bits(bits)
+    rounding = ref.check_rounding(rounding)
+    xf = ref.as_float32(x)
+    seed = normalize_seed(seed)
+    check_counter_range(xf.numel(), offset)
+    chosen = dispatch.resolve("quantize", xf, backend, kernels=QUANTIZE_KERNELS)
+    if chosen == "ext-cpu":
+        q, scale = backends.ext_cpu().quantize_symmetric(
+            xf, bits, rounding == "stochastic", seed, int(offset)
+        )
+    else:
+        q, scale = ref.quantize_symmetric(xf, bits, rounding, seed, offset)
+    dispatch.COUNTER.record("quantize", chosen)
+    return q, scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor | float, backend: str = "auto") -> torch.Tensor:
+    """float32 ``q * scale``; one multiply, so the reference is the only implementation."""
+    chosen = dispatch.resolve("dequantize", q, backend, kernels=())
+    out = ref.dequantize(q, scale)
+    dispatch.COUNTER.record("dequantize", chosen)
+    return out

@@ -1,0 +1,143 @@
+"""Build qtrain's compiled kernels against the torch found in the environment.
+
+Metadata lives in pyproject.toml; this file only declares the extensions:
+
+* ``qtrain._ext`` (always): ``ext/*.cpp`` except ``*_cuda.cpp``; OpenMP, -O3,
+  -ffp-contract=off (no FMA contraction, so results match the pure-PyTorch
+  reference bit for bit), ISA variants chosen at run time inside the code.
+* ``qtrain._ext_cuda`` (only when torch has CUDA, nvcc is found and ``ext/*.cu``
+  exist): ``ext/*.cu`` plus ``ext/*_cuda.cpp`` (host-side bindings).
+
+Build in place with ``pip install --no-build-isolation --no-deps -e .`` (what
+``make build`` runs). Environment:
+
+* ``QTRAIN_EXT_JOBS`` or ``MAX_JOBS``: parallel compile jobs (ninja).
+* ``QTRAIN_BUILD_CUDA``: ``auto`` (default), ``0`` (never), ``1`` (fail if impossible).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+EXT_DIR = "ext"
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError as exc:  # pragma: no cover - torch is required to build
+    raise SystemExit(
+        "qtrain: building the extension needs torch importable in this environment "
+        "(install torch first, then run pip with --no-build-isolation): " + str(exc)
+    ) from exc
+
+
+def _log(msg: str) -> None:
+    print(f"qtrain setup: {msg}", file=sys.stderr)
+
+
+def _jobs() -> None:
+    """Let QTRAIN_EXT_JOBS set MAX_JOBS, which torch's ninja builder reads."""
+    jobs = os.environ.get("QTRAIN_EXT_JOBS")
+    if jobs and not os.environ.get("MAX_JOBS"):
+        os.environ["MAX_JOBS"] = jobs
+    if os.environ.get("MAX_JOBS"):
+        _log(f"parallel compile jobs: {os.environ['MAX_JOBS']}")
+
+
+def _rel(paths: list[str]) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def _torch_lib_dir() -> str:
+    return os.path.join(os.path.dirname(torch.__file__), "lib")
+
+
+def _cpu_extension() -> object:
+    sources = [
+        p for p in glob.glob(os.path.join(ROOT, EXT_DIR, "*.cpp")) if not p.endswith("_cuda.cpp")
+    ]
+    if not sources:
+        raise SystemExit(f"qtrain: no C++ sources in {EXT_DIR}/")
+    # -g0: no debug info (the .so drops from ~6 MB to well under 1 MB and builds faster)
+    cxx = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+    link = ["-fopenmp"]
+    if sys.platform.startswith("linux"):
+        # Find libc10/libtorch (and torch's own libgomp, so one OpenMP runtime is
+        # loaded) even when qtrain._ext is imported before torch.
+        link.append("-Wl,-rpath," + _torch_lib_dir())
+    return cpp_extension.CppExtension(
+        name="qtrain._ext",
+        sources=_rel(sources),
+        include_dirs=[os.path.join(ROOT, EXT_DIR)],
+        extra_compile_args={"cxx": cxx},
+        extra_link_args=link,
+    )
+
+
+def _nvcc() -> str | None:
+    """nvcc under torch's CUDA_HOME (torch finds it from CUDA_HOME / CUDA_PATH / PATH)."""
+    home = cpp_extension.CUDA_HOME
+    if not home:
+        return None
+    for name in ("nvcc", "nvcc.exe"):
+        path = os.path.join(home, "bin", name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _cuda_extension() -> object | None:
+    """The CUDA extension, or None with the reason logged (or raised with QTRAIN_BUILD_CUDA=1)."""
+    mode = os.environ.get("QTRAIN_BUILD_CUDA", "auto").strip().lower()
+    if mode in ("0", "no", "off", "false"):
+        _log("qtrain._ext_cuda skipped: QTRAIN_BUILD_CUDA=0")
+        return None
+    cu = glob.glob(os.path.join(ROOT, EXT_DIR, "*.cu"))
+    reason = None
+    if not torch.version.cuda:
+        reason = f"torch {torch.__version__} has no CUDA"
+    elif _nvcc() is None:
+        reason = "nvcc not found (torch found no CUDA_HOME; set CUDA_HOME or put nvcc on PATH)"
+    elif not cu:
+        reason = f"no CUDA sources ({EXT_DIR}/*.cu)"
+    if reason is not None:
+        if mode in ("1", "yes", "on", "true"):
+            raise SystemExit(
+                f"qtrain: QTRAIN_BUILD_CUDA=1 but cannot build qtrain._ext_cuda: {reason}"
+            )
+        _log(f"qtrain._ext_cuda skipped: {reason}")
+        return None
+    host = glob.glob(os.path.join(ROOT, EXT_DIR, "*_cuda.cpp"))
+    return cpp_extension.CUDAExtension(
+        name="qtrain._ext_cuda",
+        sources=_rel(cu + host),
+        include_dirs=[os.path.join(ROOT, EXT_DIR)],
+        extra_compile_args={
+            "cxx": ["-O3", "-ffp-contract=off"],
+            # no FMA contraction on device either, so CUDA results match the reference
+            "nvcc": ["-O3", "--fmad=false", "-lineinfo"],
+        },
+        extra_link_args=["-Wl,-rpath," + _torch_lib_dir()]
+        if sys.platform.startswith("linux")
+        else [],
+    )
+
+
+def _extensions() -> list[object]:
+    _jobs()
+    exts = [_cpu_extension()]
+    cuda = _cuda_extension()
+    if cuda is not None:
+        exts.append(cuda)
+    return exts
+
+
+setup(
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+)

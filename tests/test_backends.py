@@ -1,0 +1,190 @@
+"""Backend discovery, dispatch and the kernel counter: nothing falls back silently."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from qtrain import backends
+from qtrain.errors import QtrainError
+from qtrain.ops import dispatch
+from qtrain.ops.quantize import QUANTIZE_KERNELS, dequantize, quantize
+from qtrain.quant import quantize_symmetric
+
+
+@pytest.fixture(autouse=True)
+def fresh_counter() -> Iterator[None]:
+    dispatch.reset()
+    yield
+    dispatch.reset()
+
+
+@pytest.fixture
+def missing_ext(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Make the CPU extension look unbuilt for the duration of a test."""
+    monkeypatch.setitem(backends.MODULES, "ext-cpu", "qtrain._ext_missing_for_test")
+    backends.refresh()
+    yield
+    backends.refresh()
+
+
+@pytest.fixture
+def broken_ext(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Make the CPU extension look built but broken (as after a torch upgrade)."""
+    (tmp_path / "qtrain_broken_ext_for_test.py").write_text(
+        textwrap.dedent("""
+        raise ImportError("undefined symbol: _ZN3c1017RegisterOperators")
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(backends.MODULES, "ext-cpu", "qtrain_broken_ext_for_test")
+    backends.refresh()
+    yield
+    backends.refresh()
+    sys.modules.pop("qtrain_broken_ext_for_test", None)
+
+
+def _need_ext() -> None:
+    if not backends.available("ext-cpu"):
+        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
+
+
+# ------------------------------------------------------------------ status
+
+
+def test_status_shape() -> None:
+    st = backends.status()
+    assert set(st) == {"ext-cpu", "ext-cuda"}
+    for entry in st.values():
+        assert isinstance(entry["built"], bool)
+        assert entry["built"] == (entry["error"] is None)
+    if st["ext-cpu"]["built"]:
+        cpu = st["ext-cpu"]
+        assert cpu["path"].endswith(".so") or cpu["path"].endswith(".pyd")
+        assert cpu["isa"] in ("avx512f", "avx2", "default")
+        assert cpu["isa"] in cpu["isa_supported"]
+        assert cpu["threads"] >= 1 and cpu["compiler"]
+
+
+@pytest.mark.skipif(bool(torch.version.cuda), reason="torch has CUDA here")
+def test_status_cuda_missing_on_cpu_torch() -> None:
+    cuda = backends.status()["ext-cuda"]
+    assert cuda["built"] is False and "has no CUDA" in cuda["error"]
+    with pytest.raises(QtrainError, match="has no CUDA"):
+        backends.ext_cuda()
+
+
+def test_missing_extension_is_reported(missing_ext: None) -> None:
+    st = backends.status()["ext-cpu"]
+    assert st["built"] is False and "not built" in st["error"]
+    assert backends.available("ext-cpu") is False
+    with pytest.raises(QtrainError, match="make build"):
+        backends.ext_cpu()
+
+
+def test_broken_extension_reports_the_import_error(broken_ext: None) -> None:
+    st = backends.status()["ext-cpu"]
+    assert st["built"] is False
+    assert "undefined symbol: _ZN3c1017RegisterOperators" in st["error"]
+    with pytest.raises(QtrainError, match="undefined symbol"):
+        backends.ext_cpu()
+
+
+# ------------------------------------------------------------------ dispatch
+
+
+def test_auto_uses_ext_and_counts() -> None:
+    _need_ext()
+    x = torch.randn(100)
+    for _ in range(3):
+        quantize(x, 8)
+    assert dispatch.snapshot() == {"quantize": {"ext-cpu": 3}}
+    assert dispatch.fallbacks() == []
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_backends_agree(rounding: str) -> None:
+    _need_ext()
+    x = torch.randn(5, 1001, dtype=torch.float64)[:, ::3]  # float64, non-contiguous
+    a = quantize(x, 5, rounding, seed=3, offset=2**33, backend="ext-cpu")
+    b = quantize(x, 5, rounding, seed=3, offset=2**33, backend="reference")
+    c = quantize_symmetric(x, 5, rounding, seed=3, offset=2**33)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[0], c[0]) and torch.equal(a[1], b[1])
+    assert dispatch.snapshot() == {"quantize": {"ext-cpu": 1, "reference": 1}}
+
+
+def test_auto_falls_back_loudly(missing_ext: None) -> None:
+    x = torch.randn(10)
+    q, _ = quantize(x, 8)
+    quantize(x, 8)
+    assert torch.equal(q, quantize_symmetric(x, 8)[0])
+    assert dispatch.snapshot() == {"quantize": {"reference": 2}}
+    reasons = dispatch.fallbacks()
+    assert len(reasons) == 1  # one distinct reason, counted twice
+    assert "quantize" in reasons[0] and "ext-cpu unavailable" in reasons[0]
+    assert "not built" in reasons[0]
+    assert dispatch.COUNTER.fallback_counts()[reasons[0]] == 2
+    with pytest.raises(QtrainError, match="make build"):
+        quantize(x, 8, backend="ext-cpu")
+
+
+def test_no_kernel_for_device_is_recorded() -> None:
+    x = torch.empty(4, device="meta")
+    assert dispatch.resolve("quantize", x, "auto", kernels=("ext-cpu",)) == "reference"
+    assert "no compiled kernel for meta tensors" in dispatch.fallbacks()[0]
+    # a primitive with only a reference implementation is not a fallback
+    dispatch.reset()
+    assert dispatch.resolve("dequantize", x, "auto", kernels=()) == "reference"
+    assert dispatch.fallbacks() == []
+
+
+def test_bad_arguments() -> None:
+    x = torch.randn(8)
+    with pytest.raises(ValueError, match="'auto', 'reference', 'ext-cpu'"):
+        quantize(x, 8, backend="gpu")
+    with pytest.raises(ValueError, match=r"2\.\.8"):
+        quantize(x, 1)
+    with pytest.raises(ValueError, match="rounding"):
+        quantize(x, 8, rounding="floor")
+    with pytest.raises(ValueError, match="cannot run on a cpu tensor"):
+        quantize(x, 8, backend="ext-cuda")
+    with pytest.raises(ValueError, match="no 'ext-cpu' kernel"):
+        dequantize(torch.zeros(3, dtype=torch.int8), 1.0, backend="ext-cpu")
+    with pytest.raises(ValueError, match="offset"):
+        quantize(x, 8, offset=-1, backend="reference")
+    with pytest.raises(TypeError, match="seed"):
+        quantize(x, 8, seed=1.5, backend="reference")  # type: ignore[arg-type]
+    assert dispatch.snapshot() == {}
+
+
+def test_dequantize_round_trip() -> None:
+    x = torch.randn(50)
+    q, s = quantize(x, 8, backend="reference")
+    y = dequantize(q, s)
+    assert y.dtype == torch.float32 and (y - x).abs().max() <= float(s) / 2 * (1 + 1e-5)
+    assert dispatch.snapshot()["dequantize"] == {"reference": 1}
+
+
+def test_counter_snapshot_is_a_copy() -> None:
+    c = dispatch.KernelCounter()
+    c.record("spmm", "ext-cpu")
+    snap = c.snapshot()
+    snap["spmm"]["ext-cpu"] = 99
+    assert c.snapshot() == {"spmm": {"ext-cpu": 1}}
+    c.record_fallback("why")
+    c.reset()
+    assert c.snapshot() == {} and c.fallbacks == []
+
+
+def test_ops_package_exports() -> None:
+    import qtrain.ops as ops
+
+    assert QUANTIZE_KERNELS == ("ext-cpu",)
+    # the package attribute is the function (it shadows the submodule of the same name)
+    assert ops.quantize is quantize and ops.dequantize is dequantize
+    assert ops.COUNTER is dispatch.COUNTER and ops.BACKENDS == dispatch.BACKENDS
