@@ -8,6 +8,9 @@ with two adaptations, each applied only when it is needed:
   is registered under that name before ``import dgl``.
 * ``DGLBACKEND`` is set to ``pytorch`` so that DGL does not write
   ``~/.dgl/config.json`` on first import.
+* ``import dgl`` imports ``ogb`` (through ``dgl.data.lrgb``), whose first
+  import starts a thread asking PyPI for ogb's newest release. There is no
+  network at run time, so ogb is imported first with that check disabled.
 
 ``import_dgl()`` is the only way qtrain imports DGL; ``applied()`` says what
 was adapted, for ``qtrain doctor`` and the run log.
@@ -37,6 +40,23 @@ def _graphbolt_loads() -> bool:
     return os.path.exists(os.path.join(root, f"libgraphbolt_pytorch_{version}.so"))
 
 
+def _import_ogb_without_version_check() -> None:
+    """Import ogb with its PyPI version check (the ``outdated`` package) hidden."""
+    if "ogb" in sys.modules or importlib.util.find_spec("ogb") is None:
+        return
+    missing = object()
+    saved = sys.modules.get("outdated", missing)
+    sys.modules["outdated"] = None  # type: ignore[assignment]  # makes ogb skip its check
+    try:
+        import ogb  # noqa: F401
+    finally:
+        if saved is missing:
+            sys.modules.pop("outdated", None)
+        else:
+            sys.modules["outdated"] = saved  # type: ignore[assignment]
+    _applied.append("ogb imported without its PyPI version check (no network at run time)")
+
+
 def import_dgl() -> Any:
     """Import DGL with the adaptations this environment needs; return the module."""
     global _dgl
@@ -50,6 +70,7 @@ def import_dgl() -> Any:
         stub.__doc__ = "Placeholder registered by qtrain: graphbolt has no build for this torch."
         sys.modules["dgl.graphbolt"] = stub
         _applied.append("dgl.graphbolt replaced by an empty module (no build for this torch)")
+    _import_ogb_without_version_check()
     import dgl
 
     _dgl = dgl

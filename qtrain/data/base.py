@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from qtrain.errors import DatasetError
+
 FEAT, LABEL = "feat", "label"
 TRAIN_MASK, VAL_MASK, TEST_MASK = "train_mask", "val_mask", "test_mask"
 
@@ -43,3 +45,51 @@ class NodeDataset:
     @property
     def num_features(self) -> int:
         return int(self.graph.ndata[FEAT].shape[1])
+
+    def validate(self) -> NodeDataset:
+        """Check the contract every loader promises; raise DatasetError naming the breach.
+
+        Loaders call this last, so a trainer never meets a wrong dtype or a
+        mask of the wrong length deep inside an epoch.
+        """
+        import torch
+
+        g, where = self.graph, f"dataset {self.name!r}"
+        ntypes = getattr(g, "ntypes", ["_N"])
+        if len(ntypes) != 1 or len(getattr(g, "canonical_etypes", [None])) != 1:
+            raise DatasetError(f"{where}: the graph must be homogeneous, it has node types {ntypes}")
+        n = int(g.num_nodes())
+        missing = [k for k in (FEAT, LABEL, TRAIN_MASK, VAL_MASK, TEST_MASK) if k not in g.ndata]
+        if missing:
+            raise DatasetError(f"{where}: node data lacks {', '.join(missing)}")
+        feat, label = g.ndata[FEAT], g.ndata[LABEL]
+        if feat.dtype != torch.float32 or feat.dim() != 2 or feat.shape[0] != n:
+            raise DatasetError(f"{where}: feat must be float32 [{n}, F], got {feat.dtype} {list(feat.shape)}")
+        if self.multilabel:
+            ok = label.dtype == torch.float32 and label.shape == (n, self.num_classes)
+            expected = f"float32 [{n}, {self.num_classes}]"
+        else:
+            ok = label.dtype == torch.int64 and label.shape == (n,)
+            expected = f"int64 [{n}]"
+        if not ok:
+            raise DatasetError(f"{where}: label must be {expected}, got {label.dtype} {list(label.shape)}")
+        for key in (TRAIN_MASK, VAL_MASK, TEST_MASK):
+            mask = g.ndata[key]
+            if mask.dtype != torch.bool or mask.shape != (n,):
+                raise DatasetError(f"{where}: {key} must be bool [{n}], got {mask.dtype} {list(mask.shape)}")
+        if not self.multilabel and n:
+            low, high = int(label.min()), int(label.max())
+            if low < 0 or high >= self.num_classes:
+                raise DatasetError(
+                    f"{where}: labels span {low}..{high}, outside 0..{self.num_classes - 1}"
+                )
+        return self
+
+
+def index_mask(num_nodes: int, index: Any) -> Any:
+    """A boolean mask of ``num_nodes`` with ``index`` set: splits come as index lists."""
+    import torch
+
+    mask = torch.zeros(num_nodes, dtype=torch.bool)
+    mask[torch.as_tensor(index, dtype=torch.int64)] = True
+    return mask

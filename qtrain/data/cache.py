@@ -1,0 +1,92 @@
+"""An on-disk cache of generated arrays: one folder of ``.npy`` files per option set.
+
+Generating synthetic-products takes a while; reading it back should not.
+``.npy`` files load without pickle (``allow_pickle=False``), so a cache
+folder can never run code, and a truncated file is detected by NumPy. A
+folder is written under a temporary name and renamed into place once
+complete, so a crash mid-write leaves no half-written cache behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qtrain.errors import DatasetError
+
+META = "meta.json"
+
+
+def options_hash(options: Mapping[str, Any]) -> str:
+    """A short stable hash of an option set (JSON with sorted keys), for folder names."""
+    text = json.dumps(dict(options), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def save_arrays(folder: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> bool:
+    """Write ``arrays`` and ``meta`` into ``folder`` atomically; False (with a warning) on failure.
+
+    A cache that cannot be written (read-only disk, disk full) must not fail
+    the run that just generated the data, so this warns instead of raising.
+    """
+    tmp: Path | None = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        shapes = {}
+        for key, array in arrays.items():
+            np.save(tmp / f"{key}.npy", np.ascontiguousarray(array), allow_pickle=False)
+            shapes[key] = {"shape": list(array.shape), "dtype": array.dtype.str}
+        with open(tmp / META, "w") as f:
+            json.dump({**meta, "arrays": shapes}, f, indent=1, sort_keys=True)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if (folder / META).exists():  # another process finished first: keep theirs
+                shutil.rmtree(tmp, ignore_errors=True)
+                return True
+            raise
+        return True
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"could not write the dataset cache {folder}: {exc}", stacklevel=2)
+        return False
+
+
+def load_arrays(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The arrays and meta stored in ``folder``; None if there is no cache there.
+
+    Anything wrong with an existing folder (missing or truncated file, shape
+    not the one recorded) is a DatasetError that names the folder to delete.
+    """
+    if not folder.exists():
+        return None
+    remedy = f"delete the folder {folder} and it will be generated again"
+    try:
+        with open(folder / META) as f:
+            meta = json.load(f)
+        arrays: dict[str, np.ndarray] = {}
+        for key, spec in meta["arrays"].items():
+            array = np.load(folder / f"{key}.npy", allow_pickle=False)
+            if list(array.shape) != list(spec["shape"]) or array.dtype.str != spec["dtype"]:
+                raise ValueError(
+                    f"{key}.npy holds {array.dtype.str} {list(array.shape)}, "
+                    f"expected {spec['dtype']} {spec['shape']}"
+                )
+            arrays[key] = array
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DatasetError(
+            f"the dataset cache {folder} is incomplete or corrupt ({reason}); {remedy}"
+        ) from None
+    return arrays, meta

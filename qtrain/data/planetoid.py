@@ -1,0 +1,334 @@
+"""Cora, Citeseer and Pubmed from the original Planetoid pickles, with the public split.
+
+The files (``ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}``) are
+Python 2 pickles, and a pickle can run any code when loaded. They are read
+with an unpickler that admits only the handful of NumPy / SciPy /
+collections names these files use, so a tampered file fails with a one-line
+error instead of executing anything.
+
+What is built, matching Kipf & Welling's loader and DGL's
+``CitationGraphDataset`` (minus self-loops):
+
+* nodes: ``allx`` rows, then the test rows placed at the node ids listed in
+  ``test.index``; ids in the test range missing from the list (Citeseer's 15
+  isolated nodes) get all-zero features and label rows;
+* labels: argmax of the one-hot rows, so an all-zero row (those padded
+  Citeseer nodes) becomes label 0; such nodes are in no mask, since the
+  split only uses ``range(len(y))``, the 500 nodes after it and
+  ``test.index`` (exactly what DGL and PyG do);
+* graph: the adjacency lists made symmetric, without self-loops or duplicates;
+* features: row-normalised (each row divided by its sum, all-zero rows kept)
+  unless ``normalize_features = false``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qtrain.config import option
+from qtrain.data import DATASETS
+from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK, NodeDataset, data_dir
+from qtrain.errors import DatasetError
+
+NAMES = ("cora", "citeseer", "pubmed")
+PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
+VAL_SIZE = 500
+
+
+@dataclass(frozen=True)
+class PlanetoidOptions:
+    """Where the pickles are and whether features are row-normalised."""
+
+    root: str = option(
+        "",
+        "folder holding planetoid/<name>/ind.<name>.*; empty = the data directory "
+        "($QTRAIN_DATA_DIR, else ~/.cache/qtrain/datasets)",
+    )
+    normalize_features: bool = option(
+        True, "divide each feature row by its sum, as the GCN / GAT papers and DGL do"
+    )
+
+
+# ----------------------------------------------------------------- restricted unpickling
+
+
+def _multiarray(attr: str) -> Callable[[], Any]:
+    def get() -> Any:
+        try:
+            from numpy._core import multiarray  # NumPy 2
+        except ImportError:  # pragma: no cover - NumPy 1
+            from numpy.core import multiarray  # type: ignore[no-redef]
+        return getattr(multiarray, attr)
+
+    return get
+
+
+def _frombuffer() -> Any:
+    try:
+        from numpy._core.numeric import _frombuffer  # NumPy 2
+    except ImportError:  # pragma: no cover - NumPy 1
+        from numpy.core.numeric import _frombuffer  # type: ignore[no-redef]
+    return _frombuffer
+
+
+def _sparse(attr: str) -> Callable[[], Any]:
+    def get() -> Any:
+        import scipy.sparse
+
+        return getattr(scipy.sparse, attr)
+
+    return get
+
+
+def _attr(module: str, attr: str) -> Callable[[], Any]:
+    def get() -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)
+
+    return get
+
+
+# (module, name) as written in the pickle -> the object it may resolve to. Only
+# data constructors: none of them can reach the file system, a shell or eval.
+_ALLOWED: dict[tuple[str, str], Callable[[], Any]] = {
+    ("numpy", "ndarray"): _attr("numpy", "ndarray"),
+    ("numpy", "dtype"): _attr("numpy", "dtype"),
+    ("collections", "defaultdict"): _attr("collections", "defaultdict"),
+    ("collections", "OrderedDict"): _attr("collections", "OrderedDict"),
+    ("__builtin__", "list"): _attr("builtins", "list"),
+    ("builtins", "list"): _attr("builtins", "list"),
+    ("_codecs", "encode"): _attr(
+        "codecs", "encode"
+    ),  # bytes in protocol-2 pickles written by Python 3
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+}
+for _module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+    for _attr_name in ("_reconstruct", "scalar"):
+        _ALLOWED[(_module, _attr_name)] = _multiarray(_attr_name)
+for _cls, _legacy in (("csr_matrix", "csr"), ("csc_matrix", "csc"), ("coo_matrix", "coo")):
+    for _module in ("scipy.sparse", f"scipy.sparse.{_legacy}", f"scipy.sparse._{_legacy}"):
+        _ALLOWED[(_module, _cls)] = _sparse(_cls)
+
+
+class ForbiddenClass(pickle.UnpicklingError):
+    """The pickle names a class or function outside the allowed list."""
+
+    def __init__(self, module: str, name: str) -> None:
+        super().__init__(f"{module}.{name}")
+        self.qualified = f"{module}.{name}"
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """Resolves only the names in ``_ALLOWED``; anything else raises before it can run."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        resolve = _ALLOWED.get((module, name))
+        if resolve is None:
+            raise ForbiddenClass(module, name)
+        return resolve()
+
+
+def load_pickle(path: Path) -> Any:
+    """Unpickle a Planetoid file safely; every failure is a one-line DatasetError naming ``path``."""
+    if not path.is_file():
+        raise DatasetError(_missing(path))
+    try:
+        with open(path, "rb") as f:
+            return RestrictedUnpickler(f, encoding="latin1").load()
+    except ForbiddenClass as exc:
+        raise DatasetError(
+            f"{path}: refusing to load this pickle: it asks for {exc.qualified}, which Planetoid "
+            "files never contain (allowed: NumPy arrays, SciPy sparse matrices, "
+            "collections.defaultdict of lists); replace the file with the original"
+        ) from None
+    except MemoryError:
+        raise DatasetError(f"{path} is corrupt (it asks for more memory than exists)") from None
+    except Exception as exc:  # truncated or garbled data surfaces as many exception types
+        raise DatasetError(
+            f"{path} is truncated or corrupt ({type(exc).__name__}: {_first_line(exc)}); "
+            "replace it with the original file"
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else "no detail"
+
+
+def _missing(path: Path) -> str:
+    return (
+        f"missing Planetoid file {path.name}: expected it at {path}; put the files "
+        f"ind.<name>.{{{','.join(PARTS)},test.index}} in <root>/planetoid/<name>/, where root "
+        "is [dataset] root or, when that is empty, $QTRAIN_DATA_DIR (default ~/.cache/qtrain/datasets)"
+    )
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def _dense(matrix: Any, path: Path) -> np.ndarray:
+    import scipy.sparse as sp
+
+    if sp.issparse(matrix):
+        return np.asarray(matrix.toarray(), dtype=np.float32)
+    if isinstance(matrix, np.ndarray) and matrix.ndim == 2:
+        return matrix.astype(np.float32)
+    raise DatasetError(f"{path}: expected a 2-D matrix, found {type(matrix).__name__}")
+
+
+def _matrix_2d(array: Any, path: Path) -> np.ndarray:
+    if not isinstance(array, np.ndarray) or array.ndim != 2:
+        raise DatasetError(
+            f"{path}: expected a 2-D one-hot NumPy array, found {type(array).__name__}"
+        )
+    return array
+
+
+def _test_index(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise DatasetError(_missing(path))
+    try:
+        text = path.read_text(encoding="ascii")
+        index = np.asarray(text.split()).astype(np.int64)
+    except (UnicodeDecodeError, ValueError, OSError) as exc:
+        raise DatasetError(
+            f"{path} is corrupt ({_first_line(exc)}); expected one integer node id per line"
+        ) from None
+    return index
+
+
+def _edges(graph: Any, n: int, path: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """Symmetric, loop-free, duplicate-free (src, dst) sorted by (src, dst), and the self-loop entries dropped."""
+    if not isinstance(graph, dict):
+        raise DatasetError(
+            f"{path}: expected a dict of adjacency lists, found {type(graph).__name__}"
+        )
+    try:
+        heads = np.fromiter(graph.keys(), dtype=np.int64, count=len(graph))
+        lengths = np.fromiter((len(v) for v in graph.values()), dtype=np.int64, count=len(graph))
+        tails = np.fromiter(
+            itertools.chain.from_iterable(graph.values()), dtype=np.int64, count=int(lengths.sum())
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise DatasetError(
+            f"{path}: adjacency lists must map node ids to lists of node ids ({_first_line(exc)})"
+        ) from None
+    src = np.repeat(heads, lengths)
+    ids = np.concatenate([src, tails])
+    if len(ids) and (ids.min() < 0 or ids.max() >= n):
+        raise DatasetError(
+            f"{path}: node id {int(ids.min() if ids.min() < 0 else ids.max())} is outside "
+            f"0..{n - 1} (the nodes of allx and tx)"
+        )
+    loops = src == tails
+    a, b = np.minimum(src, tails)[~loops], np.maximum(src, tails)[~loops]
+    keys = np.unique(np.concatenate([a * n + b, b * n + a]))
+    return keys // n, keys % n, int(loops.sum())
+
+
+def load_planetoid(name: str, opts: PlanetoidOptions) -> NodeDataset:
+    """Read ``<root>/planetoid/<name>/`` into a NodeDataset with the public split."""
+    import torch
+
+    from qtrain._compat import import_dgl
+
+    root = Path(opts.root).expanduser() if opts.root else data_dir()
+    folder = root / "planetoid" / name
+    if not folder.is_dir():
+        raise DatasetError(
+            f"dataset {name!r}: the folder {folder} does not exist; it must hold the Planetoid files "
+            f"ind.{name}.{{{','.join(PARTS)},test.index}}; set [dataset] root or $QTRAIN_DATA_DIR "
+            "to the folder that holds planetoid/"
+        )
+    files = {part: folder / f"ind.{name}.{part}" for part in (*PARTS, "test.index")}
+    for path in files.values():  # report a missing file before spending time on the others
+        if not path.is_file():
+            raise DatasetError(_missing(path))
+    obj = {part: load_pickle(files[part]) for part in PARTS}
+    x, tx, allx = (_dense(obj[p], files[p]) for p in ("x", "tx", "allx"))
+    y, ty, ally = (_matrix_2d(obj[p], files[p]) for p in ("y", "ty", "ally"))
+    test = _test_index(files["test.index"])
+
+    n_all, n_classes, n_feat = len(allx), ally.shape[1], allx.shape[1]
+    problems = []
+    if len(ally) != n_all:
+        problems.append(f"allx has {n_all} rows but ally {len(ally)}")
+    if len(tx) != len(ty) or len(tx) != len(test):
+        problems.append(f"tx has {len(tx)} rows, ty {len(ty)}, test.index {len(test)} entries")
+    if tx.shape[1] != n_feat or x.shape[1] != n_feat:
+        problems.append(f"feature widths differ: x {x.shape[1]}, tx {tx.shape[1]}, allx {n_feat}")
+    if ty.shape[1] != n_classes or y.shape[1] != n_classes:
+        problems.append(f"class counts differ: y {y.shape[1]}, ty {ty.shape[1]}, ally {n_classes}")
+    if len(y) + VAL_SIZE > n_all:
+        problems.append(
+            f"y has {len(y)} rows: too many to leave {VAL_SIZE} validation nodes in allx"
+        )
+    if len(test) and (test.min() < n_all or len(np.unique(test)) != len(test)):
+        problems.append(f"test.index must list distinct node ids from {n_all} (after allx) up")
+    if problems:
+        raise DatasetError(f"dataset {name!r} in {folder} is inconsistent: {'; '.join(problems)}")
+
+    # test rows go to the node ids test.index lists; unlisted ids in the range stay all-zero
+    n = max(n_all + len(tx), int(test.max()) + 1 if len(test) else 0)
+    feat = np.zeros((n, n_feat), dtype=np.float32)
+    feat[:n_all], feat[test] = allx, tx
+    onehot = np.zeros((n, n_classes), dtype=np.float32)
+    onehot[:n_all], onehot[test] = ally, ty
+    labels = onehot.argmax(1).astype(np.int64)
+    unlabelled = int((onehot.sum(1) == 0).sum())
+    if opts.normalize_features:
+        rowsum = feat.sum(1, keepdims=True)
+        np.divide(feat, rowsum, out=feat, where=rowsum != 0)
+
+    src, dst, self_loops = _edges(obj["graph"], n, files["graph"])
+    dgl = import_dgl()
+    g = dgl.graph((torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=n)
+    g.ndata[FEAT] = torch.from_numpy(feat)
+    g.ndata[LABEL] = torch.from_numpy(labels)
+    for key, index in (
+        (TRAIN_MASK, np.arange(len(y))),
+        (VAL_MASK, np.arange(len(y), len(y) + VAL_SIZE)),
+        (TEST_MASK, test),
+    ):
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[torch.from_numpy(index)] = True
+        g.ndata[key] = mask
+    info = {
+        "source": "planetoid",
+        "folder": str(folder),
+        "nodes": n,
+        "edges": len(src),
+        "undirected_edges": len(src) // 2,
+        "self_loop_entries_removed": self_loops,
+        "unlabelled_nodes": unlabelled,
+        "normalize_features": opts.normalize_features,
+        "split": {"train": len(y), "val": VAL_SIZE, "test": len(test)},
+    }
+    return NodeDataset(name, g, n_classes, "accuracy", info).validate()
+
+
+def _factory(name: str) -> Callable[[PlanetoidOptions], NodeDataset]:
+    def load(options: PlanetoidOptions) -> NodeDataset:
+        return load_planetoid(name, options)
+
+    load.__name__ = load.__qualname__ = f"load_{name}"
+    load.__doc__ = f"Load {name} from its Planetoid pickles."
+    return load
+
+
+_SUMMARIES = {
+    "cora": "Cora citation graph (2,708 nodes, 7 classes), Planetoid public split",
+    "citeseer": "Citeseer citation graph (3,327 nodes, 6 classes), Planetoid public split",
+    "pubmed": "Pubmed citation graph (19,717 nodes, 3 classes), Planetoid public split",
+}
+for _name in NAMES:
+    DATASETS.add(_name, _factory(_name), options=PlanetoidOptions, summary=_SUMMARIES[_name])

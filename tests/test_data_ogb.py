@@ -1,0 +1,232 @@
+"""OGB loader: tiny datasets written here in ogb's raw on-disk format, read through ogb itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from qtrain.data import DATASETS, load_dataset
+from qtrain.errors import DatasetError
+
+N, E = 30, 60
+
+
+@pytest.fixture(autouse=True)
+def _data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QTRAIN_DATA_DIR", str(tmp_path / "data"))
+
+
+def csv(path: Path, rows: np.ndarray | list, header: list[str] | None = None) -> None:
+    """Write a gzip csv as ogb's raw files are: no index, no header unless given."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows, columns=header).to_csv(
+        path, index=False, header=header is not None, compression="gzip"
+    )
+
+
+def edges(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, N, E)
+    dst = (src + rng.integers(1, N, E)) % N  # no self-loops
+    return np.stack([src, dst], 1)
+
+
+def split(folder: Path, name: str) -> None:
+    perm = np.random.default_rng(1).permutation(N)
+    csv(folder / "split" / name / "train.csv.gz", perm[:15, None])
+    csv(folder / "split" / name / "valid.csv.gz", perm[15:20, None])
+    csv(folder / "split" / name / "test.csv.gz", perm[20:, None])
+
+
+def write_arxiv(root: Path) -> Path:
+    folder = root / "ogbn_arxiv"
+    raw = folder / "raw"
+    rng = np.random.default_rng(0)
+    csv(raw / "edge.csv.gz", edges())
+    csv(raw / "num-node-list.csv.gz", [[N]])
+    csv(raw / "num-edge-list.csv.gz", [[E]])
+    csv(raw / "node-feat.csv.gz", rng.standard_normal((N, 4)).round(4))
+    csv(raw / "node_year.csv.gz", rng.integers(2000, 2020, (N, 1)))
+    csv(raw / "node-label.csv.gz", rng.integers(0, 40, (N, 1)))
+    split(folder, "time")
+    (folder / "RELEASE_v1.txt").write_text("fake\n")
+    return folder
+
+
+def write_proteins(root: Path) -> Path:
+    folder = root / "ogbn_proteins"
+    raw = folder / "raw"
+    rng = np.random.default_rng(0)
+    csv(raw / "edge.csv.gz", edges())
+    csv(raw / "num-node-list.csv.gz", [[N]])
+    csv(raw / "num-edge-list.csv.gz", [[E]])
+    csv(raw / "edge-feat.csv.gz", rng.random((E, 8)).round(3))
+    csv(raw / "species.csv.gz", rng.integers(0, 3, (N, 1)))  # ogb renames it node_species
+    csv(raw / "node-label.csv.gz", rng.integers(0, 2, (N, 112)))
+    split(folder, "species")
+    (folder / "RELEASE_v1.txt").write_text("fake\n")
+    return folder
+
+
+def write_mag(root: Path) -> Path:
+    folder = root / "ogbn_mag"
+    raw = folder / "raw"
+    rng = np.random.default_rng(0)
+    authors = 7
+    csv(raw / "num-node-dict.csv.gz", [[authors, N]], header=["author", "paper"])
+    csv(
+        raw / "triplet-type-list.csv.gz",
+        [["author", "writes", "paper"], ["paper", "cites", "paper"]],
+    )
+    for triplet, pairs in (
+        ("paper___cites___paper", edges()),
+        (
+            "author___writes___paper",
+            np.stack([rng.integers(0, authors, 10), rng.integers(0, N, 10)], 1),
+        ),
+    ):
+        csv(raw / "relations" / triplet / "edge.csv.gz", pairs)
+        csv(raw / "relations" / triplet / "num-edge-list.csv.gz", [[len(pairs)]])
+        csv(
+            raw / "relations" / triplet / "edge_reltype.csv.gz",
+            np.zeros((len(pairs), 1), dtype=int),
+        )
+    csv(raw / "node-feat" / "paper" / "node-feat.csv.gz", rng.standard_normal((N, 6)).round(4))
+    csv(raw / "node-feat" / "paper" / "node_year.csv.gz", rng.integers(2000, 2020, (N, 1)))
+    csv(raw / "nodetype-has-label.csv.gz", [[False, True]], header=["author", "paper"])
+    csv(raw / "node-label" / "paper" / "node-label.csv.gz", rng.integers(0, 349, (N, 1)))
+    perm = np.random.default_rng(1).permutation(N)
+    base = folder / "split" / "time"
+    csv(base / "nodetype-has-split.csv.gz", [[False, True]], header=["author", "paper"])
+    csv(base / "paper" / "train.csv.gz", perm[:15, None])
+    csv(base / "paper" / "valid.csv.gz", perm[15:20, None])
+    csv(base / "paper" / "test.csv.gz", perm[20:, None])
+    (folder / "RELEASE_v2.txt").write_text("fake\n")
+    return folder
+
+
+def test_registered_names() -> None:
+    for name in ("ogbn-arxiv", "ogbn-products", "ogbn-proteins", "ogbn-mag", "ogbn-papers100M"):
+        assert name in DATASETS
+    defaults = {o.name: o.default for o in DATASETS.get("ogbn-arxiv").describe()}
+    assert defaults == {"root": "", "to_bidirected": True}
+    assert {o.name: o.default for o in DATASETS.get("ogbn-products").describe()}[
+        "to_bidirected"
+    ] is False
+
+
+def test_no_version_check_on_import() -> None:
+    """ogb asks PyPI for its latest version from a thread when ``outdated`` imports: keep it off."""
+    code = (
+        "import sys\n"
+        "from qtrain._compat import import_dgl\n"
+        "import_dgl()\n"  # import dgl imports ogb (dgl.data.lrgb): the check must stay off there too
+        "from qtrain.data.ogb import import_ogb_dataset\n"
+        "import_ogb_dataset()\n"
+        "print('ogb' in sys.modules, repr(sys.modules.get('outdated', 'absent')))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["True", "'absent'"], out.stdout + out.stderr
+
+
+def test_arxiv_through_ogb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = write_arxiv(tmp_path)
+    ds = load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    assert capsys.readouterr().out == "", "ogb's prints must stay off standard output"
+    g = ds.graph
+    pairs = edges()
+    expected = {(int(a), int(b)) for a, b in pairs} | {(int(b), int(a)) for a, b in pairs}
+    src, dst = g.edges()
+    assert set(zip(src.tolist(), dst.tolist(), strict=True)) == expected and g.num_edges() == len(
+        expected
+    )
+    labels = pd.read_csv(folder / "raw" / "node-label.csv.gz", header=None).values[:, 0]
+    assert torch.equal(g.ndata["label"], torch.from_numpy(labels))
+    assert g.ndata["feat"].shape == (N, 4) and ds.num_classes == 40 and ds.metric == "accuracy"
+    assert [int(g.ndata[k].sum()) for k in ("train_mask", "val_mask", "test_mask")] == [15, 5, 10]
+    assert ds.info["folder"] == str(folder) and ds.info["split"]["name"] == "time"
+    assert (folder / "processed" / "dgl_data_processed").is_file()
+
+    # the second load reads ogb's processed copy; without reverse edges the graph is as stored
+    directed = load_dataset("ogbn-arxiv", {"root": str(tmp_path), "to_bidirected": False})
+    assert directed.graph.num_edges() == E
+
+
+def test_default_root_is_data_dir_ogb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_arxiv(tmp_path / "store" / "ogb")
+    monkeypatch.setenv("QTRAIN_DATA_DIR", str(tmp_path / "store"))
+    assert load_dataset("ogbn-arxiv").graph.num_nodes() == N
+
+
+def test_proteins_is_multilabel_with_edge_mean_features(tmp_path: Path) -> None:
+    folder = write_proteins(tmp_path)
+    ds = load_dataset("ogbn-proteins", {"root": str(tmp_path)})
+    g = ds.graph
+    assert ds.metric == "micro_f1" and ds.num_classes == 112
+    assert g.ndata["label"].dtype == torch.float32 and g.ndata["label"].shape == (N, 112)
+    assert g.num_edges() == 2 * E  # ogb stores both directions itself
+    efeat = pd.read_csv(folder / "raw" / "edge-feat.csv.gz", header=None).values
+    pairs = edges()
+    node = int(pairs[0, 1])
+    incoming = np.concatenate([efeat[pairs[:, 1] == node], efeat[pairs[:, 0] == node]])
+    assert np.allclose(g.ndata["feat"][node].numpy(), incoming.mean(0), atol=1e-5)
+    assert ds.info["ogb_metric"] == "rocauc"
+
+
+def test_mag_keeps_papers_only(tmp_path: Path) -> None:
+    write_mag(tmp_path)
+    ds = load_dataset("ogbn-mag", {"root": str(tmp_path), "to_bidirected": False})
+    g = ds.graph
+    assert g.num_nodes() == N and g.num_edges() == E and ds.num_classes == 349
+    assert g.ndata["feat"].shape == (N, 6) and "year" in g.ndata
+    assert [int(g.ndata[k].sum()) for k in ("train_mask", "val_mask", "test_mask")] == [15, 5, 10]
+
+
+def test_missing_folder_says_where_and_how(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-products", {"root": str(tmp_path)})
+    message = str(err.value)
+    assert str(tmp_path / "ogbn_products") in message
+    assert "products.zip" in message and "rename the folder products/ to ogbn_products/" in message
+    assert "never downloads" in message and "\n" not in message
+
+
+def test_missing_release_file(tmp_path: Path) -> None:
+    folder = write_arxiv(tmp_path)
+    (folder / "RELEASE_v1.txt").unlink()
+    with pytest.raises(DatasetError, match=r"has no RELEASE_v1\.txt"):
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+
+
+def test_missing_raw_file_is_named(tmp_path: Path) -> None:
+    folder = write_arxiv(tmp_path)
+    (folder / "raw" / "node-label.csv.gz").unlink()
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    assert str(folder / "raw" / "node-label.csv.gz") in str(err.value)
+
+
+def test_missing_split_is_named(tmp_path: Path) -> None:
+    folder = write_arxiv(tmp_path)
+    (folder / "split" / "time" / "valid.csv.gz").unlink()
+    with pytest.raises(DatasetError, match=r"official split file .*valid\.csv\.gz"):
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+
+
+def test_corrupt_processed_file(tmp_path: Path) -> None:
+    folder = write_arxiv(tmp_path)
+    (folder / "processed").mkdir()
+    (folder / "processed" / "dgl_data_processed").write_bytes(b"garbage" * 10)
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    message = str(err.value)
+    assert "ogb could not read" in message and "delete it" in message and "\n" not in message
