@@ -282,7 +282,7 @@ def doctor(
             )
             table.add_row(name, f"[green]built[/green] {detail}")
         else:
-            table.add_row(name, f"[yellow]not built[/yellow]: {info.get('error')}")
+            table.add_row(name, f"[yellow]{info.get('error')}[/yellow]")
     table.add_row("devices", "\n".join(report["devices"]))
     table.add_row("data dir", report["data_dir"])
     table.add_row("plugins", ", ".join(report["plugins"]) or "(none)")

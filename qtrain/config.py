@@ -28,9 +28,14 @@ def option(
     *,
     min: float | None = None,
     max: float | None = None,
+    key: str | None = None,
 ) -> Any:
-    """Declare a section field with its help text and numeric bounds."""
-    meta = {"help": help, "min": min, "max": max}
+    """Declare a section field with its help text, numeric bounds and TOML key.
+
+    ``key`` names the field in TOML when the natural name is a Python keyword
+    (``lambda``).
+    """
+    meta = {"help": help, "min": min, "max": max, "key": key}
     if isinstance(default, list):
         frozen = tuple(default)
         return field(default_factory=lambda: list(frozen), metadata=meta)
@@ -49,6 +54,11 @@ class OptionInfo:
 
 def _resolved_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
+
+
+def toml_key(f: dataclasses.Field) -> str:
+    """The name a field has in TOML (its ``key`` alias, else its own name)."""
+    return f.metadata.get("key") or f.name
 
 
 def type_name(tp: Any) -> str:
@@ -161,7 +171,7 @@ def parse_section(
     keys in ``ignore`` belong to the caller (``name`` of a model, say).
     """
     hints = _resolved_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {toml_key(f): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(table) - set(fields) - ignore)
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
@@ -172,15 +182,15 @@ def parse_section(
     for name, f in fields.items():
         key = f"{where}.{name}" if where else name
         if name in table:
-            value = _coerce(table[name], hints[name], key)
-        elif defaults and name in defaults:
-            value = defaults[name]
+            value = _coerce(table[name], hints[f.name], key)
+        elif defaults and f.name in defaults:
+            value = defaults[f.name]
         elif f.default is not MISSING or f.default_factory is not MISSING:
             continue
         else:
-            raise RecipeError(f"missing key {key} ({type_name(hints[name])})")
+            raise RecipeError(f"missing key {key} ({type_name(hints[f.name])})")
         _check_bounds(value, f, key)
-        kwargs[name] = value
+        kwargs[f.name] = value
     instance = cls(**kwargs)
     validate = getattr(instance, "validate", None)
     if callable(validate):
@@ -205,14 +215,17 @@ def describe(cls: type, defaults: Mapping[str, Any] | None = None) -> list[Optio
         else:
             default = MISSING
         out.append(
-            OptionInfo(f.name, type_name(hints[f.name]), default, f.metadata.get("help", ""))
+            OptionInfo(toml_key(f), type_name(hints[f.name]), default, f.metadata.get("help", ""))
         )
     return out
 
 
 def to_table(instance: Any) -> dict[str, Any]:
-    """The section as a plain TOML-ready dict (None values dropped)."""
-    return {k: v for k, v in dataclasses.asdict(instance).items() if v is not None}
+    """The section as a plain TOML-ready dict under TOML keys (None values dropped)."""
+    values = dataclasses.asdict(instance)
+    return {
+        toml_key(f): values[f.name] for f in dataclasses.fields(instance) if values[f.name] is not None
+    }
 
 
 def field_type(cls: type, name: str) -> Any:

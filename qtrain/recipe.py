@@ -14,7 +14,7 @@ import copy
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,8 +190,9 @@ def build_recipe(raw: Mapping[str, Any], name: str) -> Recipe:
     model_name, model_opts = _named(raw, "model", MODELS)
     dataset_name, dataset_opts = _named(raw, "dataset", DATASETS)
     output = parse_section(OutputConfig, _table(raw, "output"), "output")
+    output = replace(output, name=output.name or name)  # resolved once, so it round-trips
     return Recipe(
-        name=output.name or name,
+        name=output.name,
         model=ModelSection(model_name, model_opts),
         dataset=DatasetSection(dataset_name, dataset_opts),
         train=parse_section(TrainConfig, _table(raw, "train"), "train"),
@@ -269,7 +270,7 @@ def recipe_tables(recipe: Recipe) -> dict[str, Any]:
         "train": to_table(recipe.train),
         "quant": quant,
         "distributed": to_table(recipe.distributed),
-        "output": {**to_table(recipe.output), "name": recipe.name},
+        "output": to_table(recipe.output),
     }
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from qtrain.config import describe, option, parse_section
+from qtrain.config import describe, option, parse_section, to_table
 from qtrain.errors import RecipeError
 from qtrain.recipe import (
     SECTIONS,
@@ -62,6 +62,22 @@ def test_parse_section_defaults_and_types() -> None:
 def test_parse_section_errors_name_the_key(table: dict, message: str) -> None:
     with pytest.raises(RecipeError, match=message):
         parse_section(_Example, table, "x")
+
+
+@dataclass(frozen=True)
+class _Aliased:
+    lambda_: float = option(0.5, "a keyword-named option", key="lambda", min=0.0)
+
+
+def test_key_alias_for_python_keywords() -> None:
+    parsed = parse_section(_Aliased, {"lambda": 2}, "m")
+    assert parsed.lambda_ == 2.0
+    assert to_table(parsed) == {"lambda": 2.0}
+    assert [o.name for o in describe(_Aliased)] == ["lambda"]
+    with pytest.raises(RecipeError, match=r"unknown key m\.lambda_; allowed keys: lambda"):
+        parse_section(_Aliased, {"lambda_": 1}, "m")
+    with pytest.raises(RecipeError, match=r"m\.lambda = -1.0 is too small"):
+        parse_section(_Aliased, {"lambda": -1}, "m")
 
 
 def test_describe_lists_options() -> None:
