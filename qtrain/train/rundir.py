@@ -1,0 +1,120 @@
+"""The run directory: resolved recipe, per-epoch metrics, summary, best checkpoint.
+
+Every file is written so that it stays readable if the run is interrupted at
+any point: metrics lines are flushed one at a time, the summary and the
+checkpoint are replaced atomically (written beside, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+RECIPE, METRICS, SUMMARY, CHECKPOINT = (
+    "recipe.toml",
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoint.pt",
+)
+
+
+def create_run_dir(parent: str | Path, name: str, now: float | None = None) -> Path:
+    """Make ``<parent>/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... if taken) and return it."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = f"{name}-{stamp}"
+    for n in range(1, 10_000):
+        path = parent / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free run directory name under {parent} for {base}")
+
+
+def _jsonable(value: Any) -> Any:
+    """Values JSON can hold: NaN/inf become null, tensors and paths become numbers / text."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return _jsonable(value.item())
+    if hasattr(value, "item") and callable(value.item):  # NumPy scalars
+        try:
+            return _jsonable(value.item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
+def to_json(value: Any) -> str:
+    """One-line strict JSON (no NaN) of ``value``."""
+    return json.dumps(_jsonable(value), allow_nan=False)
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write ``path`` so that readers see the old or the new file, never half of one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """Writer for one run's files."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._metrics: IO[str] | None = None
+
+    def write_recipe(self, text: str) -> None:
+        write_atomic(self.path / RECIPE, text)
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        """Append one epoch's line and flush it to the OS."""
+        if self._metrics is None:
+            self._metrics = open(self.path / METRICS, "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics.write(to_json(record) + "\n")
+        self._metrics.flush()
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_atomic(
+            self.path / SUMMARY, json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
+        )
+
+    def write_checkpoint(self, state: dict[str, Any]) -> None:
+        tmp = self.path / f".{CHECKPOINT}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.path / CHECKPOINT)
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The epoch records of a run directory (or of a metrics.jsonl file)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS
+    if not path.exists():
+        return []
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
