@@ -224,7 +224,9 @@ def to_table(instance: Any) -> dict[str, Any]:
     """The section as a plain TOML-ready dict under TOML keys (None values dropped)."""
     values = dataclasses.asdict(instance)
     return {
-        toml_key(f): values[f.name] for f in dataclasses.fields(instance) if values[f.name] is not None
+        toml_key(f): values[f.name]
+        for f in dataclasses.fields(instance)
+        if values[f.name] is not None
     }
 
 

@@ -57,14 +57,18 @@ class NodeDataset:
         g, where = self.graph, f"dataset {self.name!r}"
         ntypes = getattr(g, "ntypes", ["_N"])
         if len(ntypes) != 1 or len(getattr(g, "canonical_etypes", [None])) != 1:
-            raise DatasetError(f"{where}: the graph must be homogeneous, it has node types {ntypes}")
+            raise DatasetError(
+                f"{where}: the graph must be homogeneous, it has node types {ntypes}"
+            )
         n = int(g.num_nodes())
         missing = [k for k in (FEAT, LABEL, TRAIN_MASK, VAL_MASK, TEST_MASK) if k not in g.ndata]
         if missing:
             raise DatasetError(f"{where}: node data lacks {', '.join(missing)}")
         feat, label = g.ndata[FEAT], g.ndata[LABEL]
         if feat.dtype != torch.float32 or feat.dim() != 2 or feat.shape[0] != n:
-            raise DatasetError(f"{where}: feat must be float32 [{n}, F], got {feat.dtype} {list(feat.shape)}")
+            raise DatasetError(
+                f"{where}: feat must be float32 [{n}, F], got {feat.dtype} {list(feat.shape)}"
+            )
         if self.multilabel:
             ok = label.dtype == torch.float32 and label.shape == (n, self.num_classes)
             expected = f"float32 [{n}, {self.num_classes}]"
@@ -72,11 +76,15 @@ class NodeDataset:
             ok = label.dtype == torch.int64 and label.shape == (n,)
             expected = f"int64 [{n}]"
         if not ok:
-            raise DatasetError(f"{where}: label must be {expected}, got {label.dtype} {list(label.shape)}")
+            raise DatasetError(
+                f"{where}: label must be {expected}, got {label.dtype} {list(label.shape)}"
+            )
         for key in (TRAIN_MASK, VAL_MASK, TEST_MASK):
             mask = g.ndata[key]
             if mask.dtype != torch.bool or mask.shape != (n,):
-                raise DatasetError(f"{where}: {key} must be bool [{n}], got {mask.dtype} {list(mask.shape)}")
+                raise DatasetError(
+                    f"{where}: {key} must be bool [{n}], got {mask.dtype} {list(mask.shape)}"
+                )
         if not self.multilabel and n:
             low, high = int(label.min()), int(label.max())
             if low < 0 or high >= self.num_classes:

@@ -93,7 +93,6 @@ TASKS: dict[str, _Task] = {
 }
 
 
-
 def import_ogb_dataset() -> Any:
     """``DglNodePropPredDataset``, imported after ``import_dgl`` (which also keeps
     ogb from starting its background PyPI version check)."""
