@@ -27,10 +27,11 @@ Per task:
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,19 +298,10 @@ def load_ogb(name: str, opts: OgbOptions) -> NodeDataset:
     return NodeDataset(name, g, num_classes, metric, info).validate()  # type: ignore[arg-type]
 
 
-def _factory(name: str) -> Callable[[OgbOptions], NodeDataset]:
-    def load(options: OgbOptions) -> NodeDataset:
-        return load_ogb(name, options)
-
-    load.__name__ = load.__qualname__ = f"load_{name.replace('-', '_')}"
-    load.__doc__ = f"Load {name} from a local ogb folder."
-    return load
-
-
 for _name, _task in TASKS.items():
     DATASETS.add(
         _name,
-        _factory(_name),
+        functools.partial(load_ogb, _name),
         options=OgbOptions,
         summary=_task.summary,
         defaults={"to_bidirected": _task.to_bidirected},

@@ -23,6 +23,7 @@ What is built, matching Kipf & Welling's loader and DGL's
 
 from __future__ import annotations
 
+import functools
 import itertools
 import pickle
 from collections.abc import Callable
@@ -316,19 +317,15 @@ def load_planetoid(name: str, opts: PlanetoidOptions) -> NodeDataset:
     return NodeDataset(name, g, n_classes, "accuracy", info).validate()
 
 
-def _factory(name: str) -> Callable[[PlanetoidOptions], NodeDataset]:
-    def load(options: PlanetoidOptions) -> NodeDataset:
-        return load_planetoid(name, options)
-
-    load.__name__ = load.__qualname__ = f"load_{name}"
-    load.__doc__ = f"Load {name} from its Planetoid pickles."
-    return load
-
-
 _SUMMARIES = {
     "cora": "Cora citation graph (2,708 nodes, 7 classes), Planetoid public split",
     "citeseer": "Citeseer citation graph (3,327 nodes, 6 classes), Planetoid public split",
     "pubmed": "Pubmed citation graph (19,717 nodes, 3 classes), Planetoid public split",
 }
 for _name in NAMES:
-    DATASETS.add(_name, _factory(_name), options=PlanetoidOptions, summary=_SUMMARIES[_name])
+    DATASETS.add(
+        _name,
+        functools.partial(load_planetoid, _name),
+        options=PlanetoidOptions,
+        summary=_SUMMARIES[_name],
+    )
