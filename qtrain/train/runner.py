@@ -27,6 +27,7 @@ from qtrain._compat import import_dgl
 from qtrain.errors import QtrainError, RecipeError
 from qtrain.models import build_model
 from qtrain.models.base import GNNModel
+from qtrain.ops import dispatch
 from qtrain.plugin import PluginContext, activated
 from qtrain.recipe import Recipe, resolve_toml
 from qtrain.train.loop import Trainer, TrainState, dgl_threads
@@ -161,6 +162,7 @@ def _run(
     run.write_summary(summary)
     state = TrainState()
     session: Any = None
+    dispatch.reset()  # the run's `kernels` table counts this run's calls only
     wall_start = time.perf_counter()
     try:
         context = PluginContext(
@@ -208,6 +210,8 @@ def _run(
         summary.update(state.summary())
         summary["wall_time_s"] = time.perf_counter() - wall_start
         summary["peak_memory_bytes"], summary["peak_memory_source"] = peak_memory(device)
+        summary["kernels"] = dispatch.snapshot()
+        summary["kernel_fallbacks"] = dispatch.fallbacks()
         if session is not None:
             try:
                 summary["plugin_reports"] = session.report()

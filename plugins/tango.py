@@ -1,0 +1,336 @@
+"""The ``tango`` plugin: quantized GEMM, SpMM and SDDMM for unmodified DGL models.
+
+tango-sc23 sections 3.2-3.3. Activation patches DGL's ``gspmm`` and
+``gsddmm`` (the names DGL's convolutions and its own backward passes call)
+and routes the dense products of ``GraphConv``, ``SAGEConv``, ``GATConv`` and
+``GCN2Conv`` (``torch.matmul``, ``nn.Linear``, ``addmm``) to quantized
+autograd Functions. What stays float32, as in the paper: edge softmax, the
+model's output layer when ``fp32_before_softmax`` is on (its forward and its
+backward), the weight update, and any primitive variant the kernels do not
+cover (max/min reducers, broadcasting shapes, heterogeneous graphs): those run
+DGL's own kernel and are counted as ``fp32`` in the run's ``kernels`` table,
+so nothing falls back unseen.
+
+``bits = "auto"`` runs ``qtrain.calibrate`` on the model before the patches go
+in and trains with the chosen count.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from qtrain.calibrate import DEFAULT_TARGET, Calibration, calibrate_model
+from qtrain.config import option
+from qtrain.errors import PluginError
+from qtrain.ops import dispatch
+from qtrain.ops.functions import (
+    QuantEdgeToNode,
+    QuantSDDMM,
+    QuantSpMM,
+    inside_kernel,
+    quant_linear,
+)
+from qtrain.ops.graph import graph_csr
+from qtrain.ops.policy import QuantPolicy
+from qtrain.plugin import Patcher, Plugin, PluginContext, register_plugin
+from qtrain.quant.cache import QuantCache
+
+FP32 = "fp32"
+_DEVICES = ("cpu",)  # devices with a compiled or reference path wired here
+
+
+@dataclass(frozen=True)
+class TangoConfig:
+    bits: int | Literal["auto"] = option(
+        8,
+        'bit count of the quantized primitives, 2..8, or "auto" (chosen by Error_X)',
+        min=2,
+        max=8,
+    )
+    rounding: Literal["stochastic", "nearest"] = option(
+        "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
+    )
+    cache: bool = option(
+        True, "reuse quantized tensors between primitives and from forward to backward"
+    )
+    fp32_before_softmax: bool = option(
+        True, "keep the model's output layer (it feeds the softmax) in float32"
+    )
+    error_x_target: float = option(
+        DEFAULT_TARGET, 'Error_X target for bits = "auto" (tango eq. 4)', min=1e-6, max=10.0
+    )
+    backend: Literal["auto", "reference", "ext-cpu"] = option(
+        "auto", "kernels to run: the compiled extension when built (auto), or the reference"
+    )
+
+
+class _Fp32Region:
+    """Thread-local depth of float32 regions (the output layer's forward and backward)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    @property
+    def active(self) -> bool:
+        return getattr(self._local, "depth", 0) > 0
+
+    def enter(self, *_: Any) -> None:
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def leave(self, *_: Any) -> None:
+        self._local.depth = max(0, getattr(self._local, "depth", 0) - 1)
+
+    def reset(self, *_: Any) -> None:
+        self._local.depth = 0
+
+
+def _is_f32(*tensors: Any) -> bool:
+    return all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type in _DEVICES
+        for t in tensors
+    )
+
+
+@register_plugin
+class TangoPlugin(Plugin):
+    """Quantized GEMM / SpMM / SDDMM with FP32 where the paper keeps it."""
+
+    name = "tango"
+    summary = "quantized GEMM, SpMM and SDDMM (2-8 bits, stochastic rounding, cached operands)"
+    Config = TangoConfig
+
+    def __init__(self, config: TangoConfig, context: PluginContext) -> None:
+        super().__init__(config, context)
+        self.calibration: Calibration | None = None
+        self.policy: QuantPolicy | None = None
+        self.fp32 = _Fp32Region()
+        self._hooks: list[Any] = []
+        self.fallbacks: dict[str, int] = {}
+
+    # ------------------------------------------------------------ activation
+
+    def activate(self, patcher: Patcher) -> None:
+        cfg = self.config
+        bits = cfg.bits
+        if bits == "auto":
+            self.calibration = self._calibrate()
+            bits = self.calibration.bits
+        self.policy = QuantPolicy(
+            bits=int(bits),
+            rounding=cfg.rounding,
+            seed=self.context.seed,
+            cache=QuantCache() if cfg.cache else None,
+            backend=cfg.backend,
+        )
+        if cfg.fp32_before_softmax:
+            self._hook_output_layer()
+        patcher.wrap("gspmm", self._patched_gspmm)
+        patcher.wrap("gsddmm", self._patched_gsddmm)
+        patcher.wrap("edge_softmax", self._fp32_counted("edge_softmax"))
+        patcher.dense(self._on_dense)
+
+    def deactivate(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self.policy is not None and self.policy.cache is not None:
+            self.policy.cache.clear()
+
+    def _calibrate(self) -> Calibration:
+        model, dataset = self.context.model, self.context.dataset
+        if model is None or dataset is None:
+            raise PluginError(
+                'tango: bits = "auto" needs the model and dataset (qtrain run provides them); '
+                "pass an integer bit count to qtrain.patch"
+            )
+        return calibrate_model(
+            model,
+            dataset.graph,
+            target=self.config.error_x_target,
+            rounding=self.config.rounding,
+            seed=self.context.seed,
+            device=self.context.device,
+        )
+
+    def _hook_output_layer(self) -> None:
+        model = self.context.model
+        layer = getattr(model, "output_layer", None) if model is not None else None
+        if layer is None:
+            return  # qtrain.patch in a user's loop: no model to look at
+        self._hooks += [
+            model.register_forward_pre_hook(self.fp32.reset),
+            layer.register_forward_pre_hook(self.fp32.enter),
+            layer.register_forward_hook(self.fp32.leave),
+            layer.register_full_backward_pre_hook(self.fp32.enter),
+            layer.register_full_backward_hook(self.fp32.leave),
+        ]
+
+    # ------------------------------------------------------------ helpers
+
+    def _fallback(self, primitive: str, why: str) -> None:
+        dispatch.COUNTER.record(primitive, FP32)
+        key = f"{primitive}: {why}"
+        self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
+
+    def _fp32_counted(self, primitive: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def make(inner: Callable[..., Any]) -> Callable[..., Any]:
+            def fp32_primitive(*args: Any, **kwargs: Any) -> Any:
+                dispatch.COUNTER.record(primitive, FP32)
+                return inner(*args, **kwargs)
+
+            fp32_primitive.__wrapped__ = inner  # type: ignore[attr-defined]
+            return fp32_primitive
+
+        return make
+
+    def _why_not(self, gidx: Any, *tensors: Any) -> str | None:
+        """Why a graph primitive must stay float32 here, or None if it can be quantized."""
+        if self.fp32.active:
+            return "output layer (fp32_before_softmax)"
+        if gidx.number_of_etypes() != 1:
+            return "heterogeneous graph"
+        if not _is_f32(*tensors):
+            return "operand not a float32 tensor on a supported device"
+        return None
+
+    # ------------------------------------------------------------ SpMM
+
+    def _patched_gspmm(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def gspmm(gidx: Any, op: str, reduce_op: str, lhs: Any, rhs: Any) -> Any:
+            operands = [t for t in (lhs, rhs) if t is not None]
+            why = self._why_not(gidx, *operands)
+            if why is None and reduce_op != "sum":
+                why = f"reducer {reduce_op!r}"
+            if why is None:
+                result = self._spmm(gidx, op, lhs, rhs)
+                if result is not None:
+                    return result
+                why = f"op {op!r} with shapes {_shapes(lhs, rhs)}"
+            self._fallback("spmm", why)
+            return original(gidx, op, reduce_op, lhs, rhs)
+
+        gspmm.__wrapped__ = original  # type: ignore[attr-defined]
+        return gspmm
+
+    def _spmm(self, gidx: Any, op: str, lhs: Any, rhs: Any) -> torch.Tensor | None:
+        policy = self.policy
+        assert policy is not None
+        if op == "copy_lhs" and lhs.dim() in (2, 3):
+            return QuantSpMM.apply(policy, graph_csr(gidx), lhs, None)
+        if op == "mul" and lhs.dim() in (2, 3) and _per_head_weight(lhs, rhs):
+            return QuantSpMM.apply(policy, graph_csr(gidx), lhs, rhs)
+        if op == "copy_rhs" and rhs.dim() in (2, 3):
+            return QuantEdgeToNode.apply(policy, graph_csr(gidx), rhs)
+        return None
+
+    # ------------------------------------------------------------ SDDMM
+
+    def _patched_gsddmm(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def gsddmm(
+            gidx: Any,
+            op: str,
+            lhs: Any,
+            rhs: Any,
+            lhs_target: str = "u",
+            rhs_target: str = "v",
+        ) -> Any:
+            operands = [t for t in (lhs, rhs) if t is not None]
+            why = self._why_not(gidx, *operands)
+            if why is None:
+                targets = (lhs_target, rhs_target)
+                if op not in ("add", "sub", "mul", "dot"):
+                    why = f"op {op!r}"
+                elif targets not in (("u", "v"), ("v", "u")):
+                    why = f"targets {lhs_target},{rhs_target}"
+                elif lhs.dim() not in (2, 3) or lhs.shape[1:] != rhs.shape[1:]:
+                    why = f"op {op!r} with shapes {_shapes(lhs, rhs)}"
+                else:
+                    policy = self.policy
+                    assert policy is not None
+                    return QuantSDDMM.apply(
+                        policy, graph_csr(gidx), op, lhs, rhs, lhs_target == "u"
+                    )
+            self._fallback("sddmm", why)
+            return original(gidx, op, lhs, rhs, lhs_target, rhs_target)
+
+        gsddmm.__wrapped__ = original  # type: ignore[attr-defined]
+        return gsddmm
+
+    # ------------------------------------------------------------ dense
+
+    def _on_dense(
+        self, kind: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if inside_kernel():
+            return func(*args, **kwargs)
+        plan = _dense_plan(kind, args, kwargs)
+        if plan is None:
+            return func(*args, **kwargs)
+        x, w, bias, linear = plan
+        if self.fp32.active:
+            self._fallback("gemm", "output layer (fp32_before_softmax)")
+            return func(*args, **kwargs)
+        policy = self.policy
+        assert policy is not None
+        return quant_linear(policy, x, w, bias, linear=linear)
+
+    # ------------------------------------------------------------ report
+
+    def report(self) -> dict[str, Any]:
+        policy = self.policy
+        out: dict[str, Any] = {
+            "bits": policy.bits if policy else self.config.bits,
+            "rounding": self.config.rounding,
+            "cache": policy.cache.stats() if policy and policy.cache is not None else None,
+            "fp32_before_softmax": self.config.fp32_before_softmax,
+            "fp32_calls": dict(sorted(self.fallbacks.items())),
+        }
+        if self.calibration is not None:
+            out["calibration"] = self.calibration.to_json()
+        return out
+
+
+def _shapes(*tensors: Any) -> str:
+    return ", ".join(str(tuple(t.shape)) if t is not None else "None" for t in tensors)
+
+
+def _per_head_weight(x: torch.Tensor, w: Any) -> bool:
+    """w is one scalar per edge, or one per edge and head ([E, H, 1] for x [N, H, D])."""
+    if not isinstance(w, torch.Tensor) or w.dim() != x.dim() or w.shape[-1] != 1:
+        return False
+    return x.dim() == 2 or w.shape[1] in (1, x.shape[1])
+
+
+def _dense_plan(
+    kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool] | None:
+    """(x, w, bias, linear) for a dense product tango quantizes, or None to leave it float32."""
+    if kind == "linear":
+        x = args[0] if args else kwargs.get("input")
+        w = args[1] if len(args) > 1 else kwargs.get("weight")
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        linear = True
+    elif kind in ("matmul", "mm"):
+        if kwargs or len(args) != 2:
+            return None
+        x, w = args
+        bias, linear = None, False
+    elif kind == "addmm":
+        if len(args) != 3 or any(k not in ("beta", "alpha") for k in kwargs):
+            return None
+        if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, w = args
+        linear = False
+    else:
+        return None
+    if not _is_f32(x, w) or w.dim() != 2 or x.dim() < 2:
+        return None
+    if bias is not None and not (_is_f32(bias) and bias.dim() == 1):
+        return None
+    return x, w, bias, linear

@@ -1,0 +1,281 @@
+"""Autograd Functions for tango's quantized GEMM, SpMM and SDDMM (tango-sc23 section 3).
+
+Forward quantizes each operand once (through the policy's cache, so a tensor
+read by two primitives, or a weight read by every forward until the
+optimizer changes it, is quantized once) and keeps the quantized operands
+for backward; backward quantizes the incoming gradient and reuses them. With
+the cache off, forward keeps the float operands and backward quantizes them
+again. All products go to ``qtrain.ops.gemm`` / ``qtrain.ops.sparse``, which
+pick the compiled kernel and count the call.
+
+Gradients of float32 inputs are float32; master weights stay float32 (the
+optimizer never sees a quantized value).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from qtrain.ops.gemm import int8_gemm
+from qtrain.ops.graph import GraphCSR
+from qtrain.ops.policy import QuantPolicy
+from qtrain.ops.sparse import qsddmm, qspmm
+from qtrain.quant.quantize import dequantize
+
+_state = threading.local()
+
+
+def inside_kernel() -> bool:
+    """True while qtrain's own backward runs: its helper products must not be re-patched."""
+    return getattr(_state, "depth", 0) > 0
+
+
+@contextmanager
+def _kernel_scope() -> Iterator[None]:
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def _operand(policy: QuantPolicy, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return policy.cached(x)
+
+
+def _saved(
+    ctx: Any,
+    policy: QuantPolicy,
+    tensors: tuple[torch.Tensor, ...],
+    quantized: tuple[tuple[torch.Tensor, torch.Tensor], ...],
+) -> None:
+    """Keep the quantized operands (cache on) or the float ones (cache off) for backward."""
+    ctx.policy = policy
+    if policy.cache is not None:
+        ctx.quantized = list(quantized)
+    else:
+        ctx.quantized = None
+        ctx.save_for_backward(*tensors)
+
+
+def _restored(ctx: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if ctx.quantized is not None:
+        for _ in ctx.quantized:
+            ctx.policy.note_reuse()
+        return list(ctx.quantized)
+    return [ctx.policy.fresh(t) for t in ctx.saved_tensors]
+
+
+# ---------------------------------------------------------------- GEMM
+
+
+class QuantLinear(torch.autograd.Function):
+    """``x @ w^T + b`` (linear: w [N, K]) or ``x @ w + b`` (matmul: w [K, N]) for 2-d x."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, policy: QuantPolicy, x: torch.Tensor, w: torch.Tensor, bias: Any, linear: bool
+    ) -> torch.Tensor:  # type: ignore[override]
+        qx, sx = _operand(policy, x)
+        qw, sw = _operand(policy, w)
+        out = int8_gemm(qx, qw, sx, sw, "nt" if linear else "nn", bias, policy.backend)
+        _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)))
+        ctx.linear = linear
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        with _kernel_scope():
+            (qx, sx), (qw, sw) = _restored(ctx)
+            policy: QuantPolicy = ctx.policy
+            qg, sg = policy.fresh(grad.contiguous())
+            dx = dw = db = None
+            if ctx.needs_input_grad[1]:
+                dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
+            if ctx.needs_input_grad[2]:
+                if ctx.linear:  # dW[N, K] = dY^T X
+                    dw = int8_gemm(qg, qx, sg, sx, "tn", None, policy.backend)
+                else:  # dW[K, N] = X^T dY
+                    dw = int8_gemm(qx, qg, sx, sg, "tn", None, policy.backend)
+            if ctx.has_bias and ctx.needs_input_grad[3]:
+                db = grad.sum(0)
+        return None, dx, dw, db, None
+
+
+def quant_linear(
+    policy: QuantPolicy,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    linear: bool,
+) -> torch.Tensor:
+    """Quantized dense product for x of any rank >= 2 (leading dims flattened)."""
+    if x.dim() == 2:
+        return QuantLinear.apply(policy, x, w, bias, linear)
+    lead = x.shape[:-1]
+    out = QuantLinear.apply(policy, x.reshape(-1, x.shape[-1]), w, bias, linear)
+    return out.reshape(*lead, out.shape[-1])
+
+
+# ---------------------------------------------------------------- SpMM
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [N, D] or [N, H, D] (what the kernels take)."""
+    if x.dim() in (2, 3):
+        return x
+    if x.dim() == 1:
+        return x.reshape(-1, 1)
+    return x.reshape(x.shape[0], x.shape[1], -1)
+
+
+class QuantSpMM(torch.autograd.Function):
+    """Sum aggregation of ``copy_u`` (node to node) or ``u_mul_e`` messages."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, policy: QuantPolicy, csr: GraphCSR, x: torch.Tensor, w: Any
+    ) -> torch.Tensor:  # type: ignore[override]
+        qx, sx = _operand(policy, x)
+        out = qspmm(
+            csr.in_indptr,
+            csr.in_indices,
+            qx,
+            sx,
+            weight=w,
+            eids=csr.in_eids,
+            backend=policy.backend,
+        )
+        ctx.csr = csr
+        ctx.w_shape = None if w is None else w.shape
+        _saved(ctx, policy, (x,), ((qx, sx),))
+        ctx.w = None if w is None else w.detach()
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        with _kernel_scope():
+            csr: GraphCSR = ctx.csr
+            policy: QuantPolicy = ctx.policy
+            qg, sg = policy.fresh(grad.contiguous())
+            dx = dw = None
+            if ctx.needs_input_grad[2]:
+                dx = qspmm(
+                    csr.out_indptr,
+                    csr.out_indices,
+                    qg,
+                    sg,
+                    weight=ctx.w,
+                    eids=csr.out_eids,
+                    backend=policy.backend,
+                )
+            if ctx.w is not None and ctx.needs_input_grad[3]:
+                ((qx, sx),) = _restored(ctx)
+                dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
+                dw = _reduce_to(dots, ctx.w_shape)
+        return None, None, dx, dw
+
+
+class QuantEdgeToNode(torch.autograd.Function):
+    """``copy_e`` sum: edge data summed into destination nodes, the incidence-matrix SpMM."""
+
+    @staticmethod
+    def forward(ctx: Any, policy: QuantPolicy, csr: GraphCSR, e: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        q, s = policy.fresh(e)
+        ctx.csr = csr
+        return qspmm(csr.in_indptr, csr.in_eids, q, s, backend=policy.backend)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        csr: GraphCSR = ctx.csr
+        return None, None, grad.index_select(0, csr.dst.long())
+
+
+def _reduce_to(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Sum x ([E, H, 1] or [E, 1]) down to a broadcast operand's shape."""
+    if x.shape == shape:
+        return x
+    if x.numel() == int(torch.Size(shape).numel()):
+        return x.reshape(shape)
+    # a per-edge scalar weight shared by H heads: sum the heads' contributions
+    return x.reshape(x.shape[0], -1).sum(1).reshape(shape)
+
+
+# ---------------------------------------------------------------- SDDMM
+
+
+def _segment_sum(
+    policy: QuantPolicy, indptr: torch.Tensor, eids: torch.Tensor, values: torch.Tensor
+) -> torch.Tensor:
+    q, s = policy.fresh(values.contiguous())
+    return qspmm(indptr, eids, q, s, backend=policy.backend)
+
+
+class QuantSDDMM(torch.autograd.Function):
+    """Per-edge ``u op v`` (or ``v op u``) on quantized node data: add, sub, mul, dot."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        policy: QuantPolicy,
+        csr: GraphCSR,
+        op: str,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        lhs_is_src: bool,
+    ) -> torch.Tensor:
+        qx, sx = _operand(policy, x)
+        qy, sy = _operand(policy, y)
+        lhs_index, rhs_index = (csr.src, csr.dst) if lhs_is_src else (csr.dst, csr.src)
+        out = qsddmm(op, qx, sx, lhs_index, qy, sy, rhs_index, policy.backend)
+        ctx.csr, ctx.op, ctx.lhs_is_src = csr, op, lhs_is_src
+        _saved(ctx, policy, (x, y), ((qx, sx), (qy, sy)))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        with _kernel_scope():
+            csr: GraphCSR = ctx.csr
+            policy: QuantPolicy = ctx.policy
+            # rows grouped by the lhs node (src: out-CSR) or by the rhs node
+            src_side = (csr.out_indptr, csr.out_indices, csr.out_eids)
+            dst_side = (csr.in_indptr, csr.in_indices, csr.in_eids)
+            lhs_side, rhs_side = (src_side, dst_side) if ctx.lhs_is_src else (dst_side, src_side)
+            lhs_index, rhs_index = (csr.src, csr.dst) if ctx.lhs_is_src else (csr.dst, csr.src)
+            dx = dy = None
+            if ctx.op in ("add", "sub"):
+                if ctx.needs_input_grad[3]:
+                    dx = _segment_sum(policy, lhs_side[0], lhs_side[2], grad)
+                if ctx.needs_input_grad[4]:
+                    dy = _segment_sum(policy, rhs_side[0], rhs_side[2], grad)
+                    dy = -dy if ctx.op == "sub" else dy
+            elif ctx.op == "dot":
+                (qx, sx), (qy, sy) = _restored(ctx)
+                w = grad.reshape(grad.shape[0], -1)  # [E, H]
+                if ctx.needs_input_grad[3]:
+                    dx = qspmm(lhs_side[0], lhs_side[1], qy, sy, w, lhs_side[2], policy.backend)
+                if ctx.needs_input_grad[4]:
+                    dy = qspmm(rhs_side[0], rhs_side[1], qx, sx, w, rhs_side[2], policy.backend)
+            else:  # mul: elementwise weights per feature, done in float32 on the dequantized data
+                (qx, sx), (qy, sy) = _restored(ctx)
+                if ctx.needs_input_grad[3]:
+                    y_e = dequantize(qy, sy).index_select(0, rhs_index.long())
+                    dx = grad.new_zeros((csr_rows(csr, ctx.lhs_is_src), *grad.shape[1:]))
+                    dx.index_add_(0, lhs_index.long(), grad * y_e)
+                if ctx.needs_input_grad[4]:
+                    x_e = dequantize(qx, sx).index_select(0, lhs_index.long())
+                    dy = grad.new_zeros((csr_rows(csr, not ctx.lhs_is_src), *grad.shape[1:]))
+                    dy.index_add_(0, rhs_index.long(), grad * x_e)
+        return None, None, None, dx, dy, None
+
+
+def csr_rows(csr: GraphCSR, src_side: bool) -> int:
+    """Number of nodes on the source or destination side."""
+    return csr.num_src if src_side else csr.num_dst

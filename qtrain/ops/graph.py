@@ -1,0 +1,128 @@
+"""The CSR views of a DGL graph that the quantized SpMM / SDDMM kernels read.
+
+Built from the graph's COO (``gidx.edges``) with a stable sort, because DGL
+2.1 crashes converting a block (a bipartite mini-batch graph) to CSC under
+this torch. Each graph index is converted once and cached for as long as it
+lives: full-graph training converts once per run; mini-batch training once
+per block. Indices are int32 whenever the graph fits, halving the index
+traffic of the gathers.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_INT32_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class GraphCSR:
+    """One relation's edges, grouped by destination (in-CSR) and by source (out-CSR)."""
+
+    num_src: int
+    num_dst: int
+    num_edges: int
+    src: torch.Tensor  # [E] source of edge e (edge-id order)
+    dst: torch.Tensor  # [E] destination of edge e
+    in_indptr: torch.Tensor  # [num_dst + 1]
+    in_indices: torch.Tensor  # [E] source node of each in-edge
+    in_eids: torch.Tensor  # [E] edge id of each in-edge
+    out_indptr: torch.Tensor  # [num_src + 1]
+    out_indices: torch.Tensor  # [E] destination node of each out-edge
+    out_eids: torch.Tensor  # [E] edge id of each out-edge
+    edge_ids: torch.Tensor  # [E] 0..E-1, the row index of edge data
+
+
+def _grouped(
+    rows: torch.Tensor, cols: torch.Tensor, eids: torch.Tensor, num_rows: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    order = torch.argsort(rows, stable=True)
+    counts = torch.bincount(rows, minlength=num_rows)
+    indptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return indptr.to(dtype), cols[order].to(dtype), eids[order].to(dtype)
+
+
+def build_csr(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) -> GraphCSR:
+    """CSR views of the edges ``src[e] -> dst[e]`` (edge ids are positions)."""
+    src = src.to(torch.int64)
+    dst = dst.to(torch.int64)
+    num_edges = int(src.numel())
+    big = max(num_edges, num_src, num_dst) > _INT32_LIMIT
+    dtype = torch.int64 if big else torch.int32
+    eids = torch.arange(num_edges, dtype=torch.int64, device=src.device)
+    in_indptr, in_indices, in_eids = _grouped(dst, src, eids, num_dst, dtype)
+    out_indptr, out_indices, out_eids = _grouped(src, dst, eids, num_src, dtype)
+    return GraphCSR(
+        num_src=num_src,
+        num_dst=num_dst,
+        num_edges=num_edges,
+        src=src.to(dtype),
+        dst=dst.to(dtype),
+        in_indptr=in_indptr,
+        in_indices=in_indices,
+        in_eids=in_eids,
+        out_indptr=out_indptr,
+        out_indices=out_indices,
+        out_eids=out_eids,
+        edge_ids=eids.to(dtype),
+    )
+
+
+def csr_from_gidx(gidx: Any) -> GraphCSR:
+    """CSR views of a single-relation DGL ``HeteroGraphIndex`` (a graph or a block)."""
+    src_type, dst_type = gidx.metagraph.find_edge(0)
+    src, dst, eid = gidx.edges(0)
+    num_edges = int(src.numel())
+    if num_edges and not torch.equal(eid, torch.arange(num_edges, device=eid.device)):
+        by_id_src = torch.empty_like(src)
+        by_id_dst = torch.empty_like(dst)
+        by_id_src[eid.long()] = src
+        by_id_dst[eid.long()] = dst
+        src, dst = by_id_src, by_id_dst
+    return build_csr(
+        src, dst, int(gidx.number_of_nodes(src_type)), int(gidx.number_of_nodes(dst_type))
+    )
+
+
+class _CSRCache:
+    """GraphCSR per live graph index (weakly held: a dropped block frees its CSR)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[int, tuple[weakref.ReferenceType[Any], GraphCSR]] = {}
+
+    def get(self, gidx: Any) -> GraphCSR:
+        key = id(gidx)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0]() is gidx:
+                return entry[1]
+        csr = csr_from_gidx(gidx)
+
+        def forget(ref: weakref.ReferenceType[Any]) -> None:
+            with self._lock:
+                current = self._entries.get(key)
+                if current is not None and current[0] is ref:
+                    del self._entries[key]
+
+        with self._lock:
+            self._entries[key] = (weakref.ref(gidx, forget), csr)
+        return csr
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+CSR_CACHE = _CSRCache()
+
+
+def graph_csr(gidx: Any) -> GraphCSR:
+    """The cached CSR views of ``gidx``."""
+    return CSR_CACHE.get(gidx)

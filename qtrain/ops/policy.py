@@ -1,0 +1,60 @@
+"""How a run quantizes: bit count, rounding, the random stream, the cache, the backend.
+
+One ``QuantPolicy`` lives for one plugin activation. Stochastic rounding takes
+its counters from one stream per policy: each quantization takes the next
+``numel`` counters, so a run with the same seed and the same sequence of
+calls draws the same random numbers (runs repeat), and no two tensors share
+randomness.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from qtrain.ops.quantize import quantize
+from qtrain.quant.cache import QuantCache, Quantized
+from qtrain.quant.quantize import check_bits, check_rounding
+
+
+@dataclass
+class QuantPolicy:
+    """Quantization settings plus the state they need (counter stream, cache)."""
+
+    bits: int = 8
+    rounding: str = "stochastic"
+    seed: int = 0
+    cache: QuantCache | None = field(default_factory=QuantCache)
+    backend: str = "auto"
+    _offset: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        check_bits(self.bits)
+        check_rounding(self.rounding)
+
+    def _take(self, n: int) -> int:
+        with self._lock:
+            start = self._offset
+            self._offset += n
+        return start
+
+    def fresh(self, x: torch.Tensor) -> Quantized:
+        """Quantize x now (gradients, or anything that is used once)."""
+        offset = self._take(x.numel()) if self.rounding == "stochastic" else 0
+        return quantize(
+            x, self.bits, self.rounding, seed=self.seed, offset=offset, backend=self.backend
+        )
+
+    def cached(self, x: torch.Tensor) -> Quantized:
+        """Quantize x, reusing an earlier quantization of the same unchanged tensor if cached."""
+        if self.cache is None:
+            return self.fresh(x)
+        return self.cache.get_or_quantize(x, (self.bits, self.rounding, self.seed), self.fresh)
+
+    def note_reuse(self) -> None:
+        """Count a forward-to-backward reuse of a quantized operand."""
+        if self.cache is not None:
+            self.cache.note_reuse()

@@ -1,0 +1,107 @@
+"""A cache of quantized tensors that can never hand back stale data.
+
+Tango (section 3.3) quantizes a tensor once and reuses the result: between
+primitives that read the same tensor (a SAGE layer's input feeds both its
+self GEMM and its neighbour SpMM; a weight feeds every forward until the
+optimizer changes it) and from forward to backward. A cached entry is used
+only if it was made from *this* tensor object (held weakly, so the cache
+never keeps an activation alive), at the same storage address, shape,
+strides and offset, at the same version counter (every in-place write,
+including the optimizer's update and ``.data`` assignment through
+``copy_``, bumps it), and with the same quantization settings. Anything else
+is a miss and is quantized afresh.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+Quantized = tuple[torch.Tensor, torch.Tensor]  # (q int8, scale float32 0-d)
+
+
+def _fingerprint(x: torch.Tensor) -> tuple[object, ...]:
+    """Everything about x that a stale entry could differ in."""
+    return (
+        x._version,
+        x.data_ptr(),
+        tuple(x.shape),
+        tuple(x.stride()),
+        x.storage_offset(),
+        x.dtype,
+        x.device,
+    )
+
+
+@dataclass
+class _Entry:
+    ref: weakref.ReferenceType[torch.Tensor]
+    fingerprint: tuple[object, ...]
+    settings: tuple[object, ...]
+    value: Quantized
+
+
+class QuantCache:
+    """Quantized versions of live tensors, keyed by identity and version; counts hits and misses."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[int, _Entry] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_or_quantize(
+        self,
+        x: torch.Tensor,
+        settings: tuple[object, ...],
+        quantize: Callable[[torch.Tensor], Quantized],
+    ) -> Quantized:
+        """The cached quantization of ``x`` under ``settings``, or ``quantize(x)`` stored for next time."""
+        key = id(x)
+        fingerprint = _fingerprint(x)
+        with self._lock:
+            entry = self._entries.get(key)
+            if (
+                entry is not None
+                and entry.ref() is x
+                and entry.fingerprint == fingerprint
+                and entry.settings == settings
+            ):
+                self.hits += 1
+                return entry.value
+        value = quantize(x)
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = _Entry(
+                weakref.ref(x, self._forget_callback(key)), fingerprint, settings, value
+            )
+        return value
+
+    def _forget_callback(self, key: int) -> Callable[[weakref.ReferenceType[torch.Tensor]], None]:
+        def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None and entry.ref is ref:
+                    del self._entries[key]
+
+        return forget
+
+    def note_reuse(self) -> None:
+        """Count a reuse the caller made itself (forward's quantized operand used in backward)."""
+        with self._lock:
+            self.hits += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries)}
