@@ -1,4 +1,4 @@
-"""The ``qtrain`` command: run, datasets, models, plugins, doctor.
+"""The ``qtrain`` command: run, calibrate, datasets, models, plugins, doctor.
 
 Results go to standard output (a short report, or with ``--json`` one JSON
 object on the last line); progress and logs go to standard error. Bad input
@@ -142,6 +142,78 @@ def run(
         highlight=False,
     )
     out.print(f"run directory: {summary['run_dir']}", highlight=False)
+
+
+@app.command()
+def calibrate(
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
+    ] = None,
+    target: Annotated[
+        float | None,
+        typer.Option(
+            "--target",
+            help="Error_X target (default: [quant.tango] error_x_target, else 0.3).",
+            show_default=False,
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a recipe key, e.g. --set train.seed=1 (repeatable)."),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print {bits, error_x, target} as JSON on the last line.")
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+    ] = False,
+) -> None:
+    """Pick tango's bit count: Error_X of the first GNN layer's output at 2..8 bits."""
+
+    def action() -> Any:
+        from qtrain._io import stdout_to_stderr
+        from qtrain.recipe import load_recipe
+        from qtrain.train.runner import calibrate_recipe
+
+        if target is not None and not target > 0:
+            raise QtrainError(f"--target must be a number > 0, got {target}")
+        path = recipe if recipe is not None else DEFAULT_RECIPE
+        if recipe is None and not path.exists():
+            raise QtrainError("no recipe given and ./qtrain.toml does not exist")
+        loaded = load_recipe(path, set_ or [])
+        with stdout_to_stderr():
+            return calibrate_recipe(loaded, target)
+
+    result = guarded(action, debug)
+    if as_json:
+        _print_json(
+            {
+                "bits": result.bits,
+                "error_x": {str(b): e for b, e in sorted(result.error_x.items())},
+                "target": result.target,
+            }
+        )
+        return
+    table = Table(title=f"Error_X of the first GNN layer's output {tuple(result.shape)}")
+    table.add_column("bits", justify="right")
+    table.add_column("Error_X", justify="right")
+    table.add_column("")
+    for bits, value in sorted(result.error_x.items()):
+        mark = "chosen" if bits == result.bits else ("<= target" if value <= result.target else "")
+        table.add_row(str(bits), f"{value:.4f}", mark)
+    out.print(table)
+    if result.met:
+        out.print(
+            f"bits = {result.bits}: the smallest count with Error_X <= {result.target}",
+            highlight=False,
+        )
+    else:
+        out.print(
+            f"bits = 8: no count reaches Error_X <= {result.target} "
+            f"(8 bits gives {result.error_x[8]:.4f})",
+            highlight=False,
+        )
 
 
 def _format_default(value: Any) -> str:

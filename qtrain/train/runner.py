@@ -18,12 +18,14 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from qtrain._compat import import_dgl
+from qtrain.calibrate import DEFAULT_TARGET, Calibration, calibrate_model
 from qtrain.errors import QtrainError, RecipeError
 from qtrain.models import build_model
 from qtrain.models.base import GNNModel
@@ -104,11 +106,16 @@ def _attach_run_dir(exc: BaseException, path: Any) -> None:
         exc.run_dir = str(path)  # type: ignore[attr-defined]
 
 
-def execute(recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run ``recipe`` to the end and return its summary (also in ``<run_dir>/summary.json``)."""
+@contextlib.contextmanager
+def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]]:
+    """Threads, seeds, dataset, model and graph exactly as a run of ``recipe`` starts them.
+
+    Yields ``(dataset, graph, model, device)`` with the graph through
+    ``model.prepare_graph`` and the model on the device; thread counts are
+    restored afterwards.
+    """
     from qtrain.data import load_dataset
 
-    reporter = reporter if reporter is not None else make_reporter()
     train = recipe.train
     device = resolve_device(train.device)
     previous_threads = torch.get_num_threads()
@@ -126,8 +133,30 @@ def execute(recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Any]:
         if device.type == "cuda":
             check_dgl_device(device)
             torch.cuda.reset_peak_memory_stats(device)
-        model = model.to(device)
+        yield dataset, graph, model.to(device), device
+
+
+def execute(recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Run ``recipe`` to the end and return its summary (also in ``<run_dir>/summary.json``)."""
+    reporter = reporter if reporter is not None else make_reporter()
+    with prepared(recipe) as (dataset, graph, model, device):
         return _run(recipe, dataset, graph, model, device, reporter)
+
+
+def calibrate_recipe(recipe: Recipe, target: float | None = None) -> Calibration:
+    """``qtrain calibrate``: Error_X at 2..8 bits on the first layer of ``recipe``'s first epoch.
+
+    Rounding and target come from ``[quant.tango]`` when the recipe has it;
+    ``target`` overrides the latter.
+    """
+    tango = recipe.quant.configs.get("tango")
+    rounding = getattr(tango, "rounding", "stochastic")
+    if target is None:
+        target = getattr(tango, "error_x_target", DEFAULT_TARGET)
+    with prepared(recipe) as (_dataset, graph, model, device):
+        return calibrate_model(
+            model, graph, target=target, rounding=rounding, seed=recipe.train.seed, device=device
+        )
 
 
 def _run(

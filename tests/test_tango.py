@@ -1,0 +1,426 @@
+"""The tango plugin: quantized primitives inside unmodified DGL models, cache, FP32 regions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import qtrain
+from qtrain._compat import import_dgl
+from qtrain.ops import dispatch
+from qtrain.ops.functions import quant_linear
+from qtrain.ops.graph import build_csr, graph_csr
+from qtrain.ops.policy import QuantPolicy
+from qtrain.plugin import PRIMITIVES, Patcher
+from qtrain.quant.cache import QuantCache
+
+dgl = import_dgl()
+from dgl.nn import GATConv, GCN2Conv, GraphConv, SAGEConv  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _graph(n: int = 40, e: int = 160, seed: int = 0, self_loops: bool = True) -> Any:
+    torch.manual_seed(seed)
+    g = dgl.rand_graph(n, e)
+    g = dgl.remove_self_loop(g)
+    return dgl.add_self_loop(g) if self_loops else g
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counter() -> None:
+    dispatch.reset()
+
+
+# ------------------------------------------------------------------ GEMM
+
+
+@pytest.mark.parametrize("linear", [True, False])
+@pytest.mark.parametrize("bits", [8, 6, 4])
+def test_quant_linear_matches_fp32_forward_and_backward(linear: bool, bits: int) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 33, requires_grad=True)
+    w = torch.randn(17, 33 if linear else 17, requires_grad=True)
+    if not linear:
+        w = torch.randn(33, 17, requires_grad=True)
+    b = torch.randn(17, requires_grad=True)
+    policy = QuantPolicy(bits=bits, rounding="nearest")
+    y = quant_linear(policy, x, w, b, linear=linear)
+    ref = torch.nn.functional.linear(x, w, b) if linear else x @ w + b
+    tol = {8: 0.02, 6: 0.06, 4: 0.3}[bits]
+    assert _rel(y, ref) < tol
+    g = torch.randn_like(ref)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), g)
+    rx, rw, rb = torch.autograd.grad(ref, (x, w, b), g)
+    assert _rel(dx, rx) < 2 * tol and _rel(dw, rw) < 2 * tol
+    assert torch.allclose(db, rb)  # the bias gradient is a float32 sum
+    counts = dispatch.snapshot()["gemm"]
+    assert sum(counts.values()) == 3  # forward, dX, dW
+
+
+def test_quant_linear_flattens_leading_dims() -> None:
+    x = torch.randn(2, 5, 8)
+    w = torch.randn(3, 8)
+    y = quant_linear(QuantPolicy(rounding="nearest"), x, w, linear=True)
+    assert y.shape == (2, 5, 3)
+    assert _rel(y, x @ w.t()) < 0.02
+
+
+def test_stochastic_rounding_repeats_with_the_seed_and_changes_without() -> None:
+    x = torch.randn(50, 20)
+    w = torch.randn(20, 7)
+    a = quant_linear(QuantPolicy(bits=4, seed=3, cache=None), x, w, linear=False)
+    b = quant_linear(QuantPolicy(bits=4, seed=3, cache=None), x, w, linear=False)
+    c = quant_linear(QuantPolicy(bits=4, seed=4, cache=None), x, w, linear=False)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+# ------------------------------------------------------------------ cache
+
+
+def test_cache_hits_for_the_same_tensor_and_misses_after_in_place_change() -> None:
+    cache = QuantCache()
+    policy = QuantPolicy(bits=8, cache=cache)
+    x = torch.randn(10, 4)
+    q1 = policy.cached(x)
+    q2 = policy.cached(x)
+    assert q1[0] is q2[0] and cache.hits == 1 and cache.misses == 1
+    x.mul_(2.0)  # in place: version bump
+    q3 = policy.cached(x)
+    assert cache.misses == 2
+    assert torch.allclose(q3[1], q1[1] * 2)
+
+
+def test_cache_never_returns_data_of_a_dead_tensor_at_the_same_address() -> None:
+    cache = QuantCache()
+    policy = QuantPolicy(bits=8, rounding="nearest", cache=cache)
+    x = torch.ones(1000)
+    policy.cached(x)
+    del x
+    assert len(cache) == 0  # the weak reference dropped the entry
+    y = torch.full((1000,), 3.0)
+    _, s = policy.cached(y)
+    assert cache.hits == 0 and float(s) == pytest.approx(3.0 / 127)
+
+
+def test_cache_separates_settings_and_views() -> None:
+    cache = QuantCache()
+    x = torch.randn(6, 6)
+    QuantPolicy(bits=8, cache=cache).cached(x)
+    QuantPolicy(bits=4, cache=cache).cached(x)
+    QuantPolicy(bits=4, cache=cache).cached(x.t())
+    assert cache.misses == 3 and cache.hits == 0
+
+
+def test_optimizer_step_invalidates_cached_weights() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 4, bias=False)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    cache = QuantCache()
+    policy = QuantPolicy(bits=8, rounding="nearest", cache=cache)
+    x = torch.randn(5, 8)
+    y1 = quant_linear(policy, x, lin.weight, linear=True)
+    y1.sum().backward()
+    opt.step()
+    y2 = quant_linear(policy, x, lin.weight, linear=True)
+    assert _rel(y2, lin(x)) < 0.02  # the stepped weight, not the cached old one
+    assert not torch.allclose(y1, y2)
+
+
+# ------------------------------------------------------------------ CSR
+
+
+def test_csr_of_a_graph_and_a_block_match_its_edges() -> None:
+    g = _graph(self_loops=False)
+    csr = graph_csr(g._graph)
+    src, dst = g.edges()
+    assert torch.equal(csr.src.long(), src) and torch.equal(csr.dst.long(), dst)
+    for v in range(g.num_nodes()):
+        lo, hi = int(csr.in_indptr[v]), int(csr.in_indptr[v + 1])
+        assert sorted(csr.in_indices[lo:hi].tolist()) == sorted(g.predecessors(v).tolist())
+        assert torch.equal(dst[csr.in_eids[lo:hi].long()], torch.full((hi - lo,), v))
+    seeds = torch.tensor([0, 3, 5])
+    block = dgl.to_block(dgl.in_subgraph(g, seeds), seeds)
+    bcsr = graph_csr(block._graph)
+    assert (bcsr.num_src, bcsr.num_dst) == (block.num_src_nodes(), block.num_dst_nodes())
+    assert graph_csr(g._graph) is csr  # cached per graph index
+
+
+def test_csr_of_an_empty_graph() -> None:
+    csr = build_csr(torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), 3, 2)
+    assert csr.in_indptr.tolist() == [0, 0, 0] and csr.out_indptr.tolist() == [0, 0, 0, 0]
+
+
+# ------------------------------------------------------------------ DGL primitives under the plugin
+
+
+def _fp32_and_tango(fn: Any, *inputs: torch.Tensor, **options: Any) -> tuple[list, list]:
+    """(outputs and input grads) of fn without and with the plugin."""
+    results = []
+    for active in (False, True):
+        leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+        if active:
+            with qtrain.patch("tango", rounding="nearest", **options):
+                out = fn(*leaves)
+                out.backward(torch.ones_like(out))
+        else:
+            out = fn(*leaves)
+            out.backward(torch.ones_like(out))
+        results.append([out.detach(), *[t.grad for t in leaves]])
+    return results[0], results[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "shapes"),
+    [
+        ("copy_u_sum", lambda g, x: dgl.ops.copy_u_sum(g, x), [("n", 12)]),
+        ("copy_u_mean", lambda g, x: dgl.ops.copy_u_mean(g, x), [("n", 5)]),
+        ("u_mul_e_sum", lambda g, x, w: dgl.ops.u_mul_e_sum(g, x, w), [("n", 9), ("e", 1)]),
+        (
+            "u_mul_e_heads",
+            lambda g, x, w: dgl.ops.u_mul_e_sum(g, x, w),
+            [("n", 4, 6), ("e", 4, 1)],
+        ),
+        ("copy_e_sum", lambda g, w: dgl.ops.copy_e_sum(g, w), [("e", 3)]),
+        ("u_add_v", lambda g, a, b: dgl.ops.u_add_v(g, a, b), [("n", 4, 1), ("n", 4, 1)]),
+        ("u_sub_v", lambda g, a, b: dgl.ops.u_sub_v(g, a, b), [("n", 7), ("n", 7)]),
+        ("u_mul_v", lambda g, a, b: dgl.ops.u_mul_v(g, a, b), [("n", 7), ("n", 7)]),
+        ("u_dot_v", lambda g, a, b: dgl.ops.u_dot_v(g, a, b), [("n", 2, 8), ("n", 2, 8)]),
+        ("v_dot_u", lambda g, a, b: dgl.ops.v_dot_u(g, a, b), [("n", 8), ("n", 8)]),
+    ],
+)
+def test_dgl_primitives_match_fp32_at_8_bits(name: str, fn: Any, shapes: list) -> None:
+    g = _graph(self_loops=False)  # zero-degree nodes included
+    torch.manual_seed(1)
+    inputs = [
+        torch.randn((g.num_nodes() if s[0] == "n" else g.num_edges(), *s[1:])) for s in shapes
+    ]
+    ref, got = _fp32_and_tango(lambda *t: fn(g, *t), *inputs)
+    for r, q in zip(ref, got, strict=True):
+        assert r.shape == q.shape
+        assert _rel(q, r) < 0.03, name
+    counts = dispatch.snapshot()
+    quantized = {k: v for k, v in counts.items() if k in ("spmm", "sddmm")}
+    assert quantized and all("fp32" not in per for per in quantized.values()), counts
+
+
+def test_unsupported_variants_run_dgl_fp32_and_are_counted() -> None:
+    g = _graph()
+    x = torch.randn(g.num_nodes(), 5)
+    ref = dgl.ops.copy_u_max(g, x)
+    with qtrain.patch("tango") as session:
+        got = dgl.ops.copy_u_max(g, x)
+    assert torch.equal(got, ref)
+    assert dispatch.snapshot()["spmm"] == {"fp32": 1}
+    assert "spmm: reducer 'max'" in session.report()["tango"]["fp32_calls"]
+
+
+def test_empty_graph_and_zero_degree_nodes() -> None:
+    g = dgl.graph(
+        (torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)), num_nodes=4
+    )
+    x = torch.randn(4, 3, requires_grad=True)
+    with qtrain.patch("tango"):
+        y = dgl.ops.copy_u_sum(g, x)
+        y.sum().backward()
+    assert torch.equal(y, torch.zeros(4, 3)) and torch.equal(x.grad, torch.zeros(4, 3))
+
+
+def test_all_zero_and_constant_features() -> None:
+    g = _graph()
+    with qtrain.patch("tango", rounding="nearest"):
+        zeros = dgl.ops.copy_u_sum(g, torch.zeros(g.num_nodes(), 4))
+        const = dgl.ops.copy_u_sum(g, torch.full((g.num_nodes(), 4), -2.5))
+    assert torch.equal(zeros, torch.zeros_like(zeros))
+    assert torch.allclose(const, dgl.ops.copy_u_sum(g, torch.full((g.num_nodes(), 4), -2.5)))
+
+
+# ------------------------------------------------------------------ unmodified dgl.nn modules
+
+
+def _modules() -> list[tuple[str, Any, Any]]:
+    return [
+        ("GraphConv", lambda: GraphConv(8, 6), lambda m, g, x: m(g, x)),
+        ("GraphConv-weighted", lambda: GraphConv(8, 6, norm="none"), None),
+        ("SAGEConv", lambda: SAGEConv(8, 6, "mean"), lambda m, g, x: m(g, x)),
+        ("GATConv", lambda: GATConv(8, 3, num_heads=4), lambda m, g, x: m(g, x)),
+        ("GCN2Conv", lambda: GCN2Conv(8, layer=1, alpha=0.1), lambda m, g, x: m(g, x, x)),
+    ]
+
+
+@pytest.mark.parametrize("entry", _modules(), ids=[m[0] for m in _modules()])
+def test_unmodified_dgl_modules_run_quantized_and_stay_close(entry: tuple) -> None:
+    name, make, call = entry
+    g = _graph()
+    torch.manual_seed(0)
+    x = torch.randn(g.num_nodes(), 8)
+    if call is None:  # GraphConv with edge weights: u_mul_e
+        w = torch.rand(g.num_edges())
+
+        def call(m: Any, g: Any, x: torch.Tensor) -> torch.Tensor:
+            return m(g, x, edge_weight=w)
+
+    torch.manual_seed(2)
+    module = make()
+    outs = []
+    for active in (False, True):
+        module.zero_grad()
+        if active:
+            with qtrain.patch("tango", rounding="nearest"):
+                y = call(module, g, x)
+                y.square().sum().backward()
+        else:
+            y = call(module, g, x)
+            y.square().sum().backward()
+        grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        outs.append((y.detach(), grads))
+    (y_ref, g_ref), (y_q, g_q) = outs
+    assert _cos(y_q, y_ref) > 0.999, name
+    for a, b in zip(g_q, g_ref, strict=True):
+        assert _cos(a, b) > 0.99, name
+    counts = dispatch.snapshot()
+    assert "gemm" in counts and ("spmm" in counts or "sddmm" in counts), counts
+    assert "fp32" not in counts["gemm"], counts
+
+
+def test_patches_are_restored_after_the_session() -> None:
+    before = {p: Patcher.current(p) for p in PRIMITIVES}
+    with qtrain.patch("tango"):
+        assert Patcher.current("gspmm") is not before["gspmm"]
+    assert {p: Patcher.current(p) for p in PRIMITIVES} == before
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    dispatch.reset()
+    torch.matmul(x, w)
+    assert dispatch.snapshot() == {}
+
+
+def test_auto_bits_needs_a_model_outside_qtrain_run() -> None:
+    with pytest.raises(qtrain.errors.PluginError, match="auto"), qtrain.patch("tango", bits="auto"):
+        pass
+
+
+# ------------------------------------------------------------------ runs
+
+
+def _recipe(tmp_path: Path, extra: str = "", model: str = "gcn", mode: str = "full") -> Path:
+    fanouts = "fanouts = [5, 5]\nbatch_size = 512" if mode == "minibatch" else ""
+    path = tmp_path / "r.toml"
+    path.write_text(
+        f"""
+[model]
+name = "{model}"
+hidden = 16
+[dataset]
+name = "synthetic-small"
+[train]
+epochs = 3
+mode = "{mode}"
+{fanouts}
+[output]
+dir = "{tmp_path / "runs"}"
+[quant]
+plugin = ["tango"]
+[quant.tango]
+{extra}
+"""
+    )
+    return path
+
+
+def _run(path: Path, *overrides: str) -> dict[str, Any]:
+    from qtrain.recipe import load_recipe
+    from qtrain.train.progress import Reporter
+    from qtrain.train.runner import execute
+
+    return execute(load_recipe(path, list(overrides)), reporter=Reporter())
+
+
+@pytest.mark.parametrize(
+    ("model", "mode"), [("gcn", "full"), ("gat", "full"), ("sage", "minibatch")]
+)
+def test_run_summary_has_kernels_table(tmp_path: Path, model: str, mode: str) -> None:
+    summary = _run(_recipe(tmp_path, model=model, mode=mode))
+    kernels = summary["kernels"]
+    assert kernels["gemm"] and kernels["spmm"] and kernels["quantize"]
+    quantized_backends = set(kernels["gemm"]) | set(kernels["spmm"])
+    assert quantized_backends & {"ext-cpu", "reference"}
+    written = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    assert written["kernels"] == kernels
+    report = summary["plugin_reports"]["tango"]
+    assert report["bits"] == 8 and report["cache"]["hits"] > 0
+
+
+def test_runs_repeat_with_stochastic_rounding(tmp_path: Path) -> None:
+    a = _run(_recipe(tmp_path, "bits = 4"))
+    b = _run(_recipe(tmp_path, "bits = 4"))
+    assert a["final_loss"] == b["final_loss"] and a["test_acc"] == b["test_acc"]
+
+
+def test_fp32_before_softmax_off_quantizes_the_output_layer(tmp_path: Path) -> None:
+    on = _run(_recipe(tmp_path))
+    off = _run(_recipe(tmp_path, "fp32_before_softmax = false"))
+    assert "fp32" in on["kernels"]["gemm"]
+    assert "fp32" not in off["kernels"]["gemm"]
+
+
+def test_auto_bits_records_the_calibration(tmp_path: Path) -> None:
+    summary = _run(_recipe(tmp_path, 'bits = "auto"\nerror_x_target = 0.5'))
+    report = summary["plugin_reports"]["tango"]
+    cal = report["calibration"]
+    errors = {int(b): e for b, e in cal["error_x"].items()}
+    assert report["bits"] == cal["bits"]
+    assert errors[cal["bits"]] <= 0.5
+    if cal["bits"] > 2:
+        assert errors[cal["bits"] - 1] > 0.5
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("bits = 9", "too large"),
+        ("bits = 1", "too small"),
+        ('bits = "eight"', "quant.tango.bits"),
+        ('rounding = "up"', "rounding"),
+    ],
+)
+def test_bad_tango_options_are_one_line_errors(tmp_path: Path, extra: str, message: str) -> None:
+    from qtrain.errors import RecipeError
+    from qtrain.recipe import load_recipe
+
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(_recipe(tmp_path, extra), [])
+
+
+def test_calibrate_cli_json(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = _recipe(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "qtrain", "calibrate", str(path), "--json", "--target", "0.4"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result) == {"bits", "error_x", "target"}
+    assert set(result["error_x"]) == {str(b) for b in range(2, 9)}
+    assert result["target"] == 0.4
+    chosen = result["bits"]
+    assert result["error_x"][str(chosen)] <= 0.4 or chosen == 8
+    if chosen > 2:
+        assert result["error_x"][str(chosen - 1)] > 0.4
