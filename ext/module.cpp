@@ -73,6 +73,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("counter_uniform", &qtrain::counter_uniform, py::arg("n"), py::arg("seed") = 0,
         py::arg("offset") = 0, py::call_guard<py::gil_scoped_release>(),
         "n float32 uniforms in [0, 1); element i depends only on (seed, offset + i).");
+  m.def("qspmm", &qtrain::qspmm, py::arg("indptr"), py::arg("indices"), py::arg("q"),
+        py::arg("scale"), py::arg("weight") = py::none(), py::arg("eids") = py::none(),
+        py::call_guard<py::gil_scoped_release>(),
+        "Quantized SpMM over CSR rows: out[r] = scale * sum_k q[indices[k]] (int8 [N, D] or\n"
+        "[N, H, D], exact int32 sum), or with weight float32 [E], [E, 1], [E, H], [E, H, 1]:\n"
+        "scale * sum_k weight[eids[k], h] * q[indices[k], h] (float32, CSR order). Rows are\n"
+        "computed whole by one thread, so results do not depend on the thread count.");
+  m.def("qsddmm", &qtrain::qsddmm, py::arg("op"), py::arg("q_lhs"), py::arg("scale_lhs"),
+        py::arg("lhs_index"), py::arg("q_rhs"), py::arg("scale_rhs"), py::arg("rhs_index"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Quantized SDDMM per edge e on rows q_lhs[lhs_index[e]], q_rhs[rhs_index[e]]: op 'add' /\n"
+        "'sub' (dequantize, then add) or 'mul' / 'dot' (exact integer product or dot times\n"
+        "fl32(scale_lhs * scale_rhs)); float32 [E, ...], dot [E, 1] or [E, H, 1].");
   m.def("info", &info,
         "Build and run-time facts: ISA in use, OpenMP threads, compiler, torch version.");
   m.def(

@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <tuple>
 
 namespace qtrain {
@@ -17,5 +19,16 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x, int64
 
 // n float32 uniforms in [0, 1); element i depends only on (seed, offset + i).
 at::Tensor counter_uniform(int64_t n, uint64_t seed, int64_t offset);
+
+// Quantized SpMM over CSR rows (qtrain/ops/sparse.py): out[r] = scale * sum of
+// q[indices[k]] (times weight[eids[k]] when weight is given); float32 out.
+at::Tensor qspmm(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& q,
+                 double scale, const std::optional<at::Tensor>& weight,
+                 const std::optional<at::Tensor>& eids);
+
+// Quantized SDDMM (op "add", "sub", "mul", "dot") on gathered row pairs; float32 out.
+at::Tensor qsddmm(const std::string& op, const at::Tensor& q_lhs, double scale_lhs,
+                  const at::Tensor& lhs_index, const at::Tensor& q_rhs, double scale_rhs,
+                  const at::Tensor& rhs_index);
 
 }  // namespace qtrain

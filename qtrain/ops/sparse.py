@@ -42,8 +42,8 @@ import torch
 from qtrain.ops import dispatch
 from qtrain.ops.gemm import combined_scale
 
-SPMM_KERNELS: tuple[str, ...] = ()  # compiled backends implementing qspmm
-SDDMM_KERNELS: tuple[str, ...] = ()  # compiled backends implementing qsddmm
+SPMM_KERNELS: tuple[str, ...] = ("ext-cpu",)  # compiled backends implementing qspmm
+SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu",)  # compiled backends implementing qsddmm
 SDDMM_OPS = ("add", "sub", "mul", "dot")
 
 
@@ -52,6 +52,18 @@ def _check_index(name: str, t: torch.Tensor) -> None:
         raise TypeError(
             f"{name} must be a 1-d int32 or int64 tensor, got {getattr(t, 'dtype', t)!r}"
         )
+
+
+def _check_indptr(indptr: torch.Tensor, nnz: int) -> None:
+    """CSR row pointers: start at 0, never decrease, end at the number of entries."""
+    first, last = int(indptr[0]), int(indptr[-1])
+    if first != 0 or last != nnz:
+        raise ValueError(
+            f"indptr must start at 0 and end at the number of entries ({nnz}), "
+            f"got indptr[0]={first}, indptr[-1]={last}"
+        )
+    if indptr.numel() > 1 and bool((indptr[1:] < indptr[:-1]).any()):
+        raise ValueError("indptr must be non-decreasing")
 
 
 def _check_q(name: str, q: torch.Tensor) -> None:
@@ -126,10 +138,11 @@ def qspmm(
             raise ValueError(f"eids has {eids.numel()} entries, indices {indices.numel()}")
     if indptr.numel() < 1:
         raise ValueError("indptr needs at least one entry (rows + 1)")
+    _check_indptr(indptr, indices.numel())
     if weight is not None:
         _heads_weight(weight, q.shape[1] if q.dim() == 3 else 1, indices.numel())
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
-    if chosen == "ext-cpu":  # pragma: no cover - wired when the kernel lands
+    if chosen == "ext-cpu":
         from qtrain import backends
 
         out = backends.ext_cpu().qspmm(indptr, indices, q, float(scale), weight, eids)
@@ -202,7 +215,7 @@ def qsddmm(
             f"lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
         )
     chosen = dispatch.resolve("sddmm", q_lhs, backend, kernels=SDDMM_KERNELS)
-    if chosen == "ext-cpu":  # pragma: no cover - wired when the kernel lands
+    if chosen == "ext-cpu":
         from qtrain import backends
 
         out = backends.ext_cpu().qsddmm(

@@ -1,0 +1,223 @@
+"""Quantized SpMM / SDDMM (qtrain ext-cpu) against DGL's fp32 and bf16 message passing.
+
+Why: quantized aggregation only pays off if gathering int8 rows beats DGL's
+float kernels on the same graph. Every qtrain time *includes* quantizing the
+fp32 inputs (``qtrain.ops.quantize``, ext-cpu), as training would; the graph's
+CSR / edge lists are structure, built once outside the timing like DGL's own
+cached formats. bf16 rows run DGL on inputs already in bf16 inside
+``torch.autocast(device_type="cpu", dtype=torch.bfloat16)`` (the cast is not
+timed, which favours the baseline). Medians of ``--repeat`` runs after a
+warm-up; ratios are baseline / qtrain, measured in the same process.
+
+    python bench/sparse.py [--threads 2] [--dataset synthetic-arxiv] [--widths 128 256]
+                           [--repeat N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from qtrain import backends
+from qtrain._compat import import_dgl
+from qtrain.data import load_dataset
+from qtrain.ops.quantize import quantize
+from qtrain.ops.sparse import qsddmm, qspmm
+
+HEADS = 4  # GAT's head count for the multi-head and u_add_v shapes
+
+
+def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    """Median wall time of fn() in ms, after one untimed warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def try_bf16(fn: Callable[[], Any], repeat: int) -> float | str:
+    """DGL under bf16 autocast, or the reason it refuses."""
+
+    def run() -> Any:
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            return fn()
+
+    try:
+        return median_ms(run, repeat)
+    except Exception as exc:  # DGL raises its own error types for unsupported dtypes
+        return f"unsupported ({type(exc).__name__})"
+
+
+def spmm_q(
+    x: torch.Tensor, csr: tuple[torch.Tensor, ...], rounding: str, w: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Quantize x once (8 bits) and aggregate over the in-CSR."""
+    indptr, indices, eids = csr
+    q, scale = quantize(x, 8, rounding, seed=1, backend="ext-cpu")
+    return qspmm(indptr, indices, q, scale, w, eids if w is not None else None, backend="ext-cpu")
+
+
+def sddmm_q(op: str, a: torch.Tensor, b: torch.Tensor, edges: tuple[torch.Tensor, ...]):
+    """Quantize both operands (8 bits, nearest) and run the per-edge op."""
+    qa, sa = quantize(a, 8, backend="ext-cpu")
+    qb, sb = quantize(b, 8, backend="ext-cpu")
+    return qsddmm(op, qa, sa, edges[0], qb, sb, edges[1], backend="ext-cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dataset", default="synthetic-arxiv")
+    p.add_argument("--widths", type=int, nargs="+", default=[128, 256])
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    if any(w % HEADS for w in args.widths):
+        p.error(f"widths must be multiples of {HEADS} (the multi-head rows split them)")
+    if not backends.available("ext-cpu"):
+        print(f"qtrain._ext is not available: {backends.error('ext-cpu')}", file=sys.stderr)
+        return 1
+
+    torch.set_num_threads(args.threads)
+    dgl = import_dgl()
+    g = load_dataset(args.dataset).graph
+    n, e = g.num_nodes(), g.num_edges()
+    csr = g.adj_tensors("csc")  # (indptr over destinations, source ids, edge ids)
+    edges = g.edges()  # (src, dst) in edge-id order, DGL's SDDMM output order
+    gen = torch.Generator().manual_seed(0)
+    command = "python " + " ".join(shlex.quote(a) for a in ["bench/sparse.py", *sys.argv[1:]])
+    info = backends.ext_cpu().info()
+    print(command)
+    print(
+        f"dataset {args.dataset}: {n} nodes, {e} edges; threads {torch.get_num_threads()}; "
+        f"ext isa {info['isa']}; torch {torch.__version__}, dgl {dgl.__version__}; "
+        f"median of {args.repeat}"
+    )
+
+    rows: list[dict[str, Any]] = []
+
+    def bench(
+        op: str,
+        shape: str,
+        dgl_fn: Callable[[], Any],
+        dgl_bf16_fn: Callable[[], Any],
+        q_fns: dict[str, Callable[[], Any]],
+    ) -> None:
+        r: dict[str, Any] = {"op": op, "shape": shape}
+        r["dgl_fp32_ms"] = median_ms(dgl_fn, args.repeat)
+        r["dgl_bf16_ms"] = try_bf16(dgl_bf16_fn, args.repeat)
+        for name, fn in q_fns.items():
+            r[f"qtrain_{name}_ms"] = median_ms(fn, args.repeat)
+        q = r["qtrain_nearest_ms"]
+        r["fp32_over_qtrain"] = r["dgl_fp32_ms"] / q
+        bf = r["dgl_bf16_ms"]
+        r["bf16_over_qtrain"] = bf / q if isinstance(bf, float) else None
+        rows.append(r)
+        bf_s = f"{bf:9.1f}" if isinstance(bf, float) else f"{bf:>9}"
+        st = r.get("qtrain_stochastic_ms")
+        st_s = f"{st:9.1f}" if st is not None else f"{'-':>9}"
+        ratio_bf = f"{r['bf16_over_qtrain']:6.2f}x" if r["bf16_over_qtrain"] else f"{'-':>7}"
+        print(
+            f"{op:<18}{shape:<22}{r['dgl_fp32_ms']:9.1f}{bf_s}{q:9.1f}{st_s}"
+            f"{r['fp32_over_qtrain']:7.2f}x{ratio_bf}"
+        )
+
+    print(
+        f"{'op':<18}{'shape':<22}{'dgl fp32':>9}{'dgl bf16':>9}{'qtrain':>9}{'q stoch':>9}"
+        f"{'fp32/q':>8}{'bf16/q':>7}   (ms; qtrain includes quantization)"
+    )
+
+    def widths_rows(w: int) -> None:
+        """The SpMM and u_dot_v rows at feature width w."""
+        x = torch.randn(n, w, generator=gen)
+        xb = x.to(torch.bfloat16)
+        we = torch.rand(e, 1, generator=gen)
+        web = we.to(torch.bfloat16)
+        bench(
+            "copy_u_sum",
+            f"x[N,{w}]",
+            lambda: dgl.ops.copy_u_sum(g, x),
+            lambda: dgl.ops.copy_u_sum(g, xb),
+            {
+                "nearest": lambda: spmm_q(x, csr, "nearest"),
+                "stochastic": lambda: spmm_q(x, csr, "stochastic"),
+            },
+        )
+        bench(
+            "u_mul_e_sum",
+            f"x[N,{w}] w[E,1]",
+            lambda: dgl.ops.u_mul_e_sum(g, x, we),
+            lambda: dgl.ops.u_mul_e_sum(g, xb, web),
+            {
+                "nearest": lambda: spmm_q(x, csr, "nearest", we),
+                "stochastic": lambda: spmm_q(x, csr, "stochastic", we),
+            },
+        )
+        xh = x.reshape(n, HEADS, w // HEADS)
+        xhb = xh.to(torch.bfloat16)
+        wh = torch.rand(e, HEADS, 1, generator=gen)
+        whb = wh.to(torch.bfloat16)
+        bench(
+            "u_mul_e_sum (MH)",
+            f"x[N,{HEADS},{w // HEADS}] w[E,{HEADS},1]",
+            lambda: dgl.ops.u_mul_e_sum(g, xh, wh),
+            lambda: dgl.ops.u_mul_e_sum(g, xhb, whb),
+            {
+                "nearest": lambda: spmm_q(xh, csr, "nearest", wh),
+                "stochastic": lambda: spmm_q(xh, csr, "stochastic", wh),
+            },
+        )
+        y = torch.randn(n, w, generator=gen)
+        yb = y.to(torch.bfloat16)
+        bench(
+            "u_dot_v",
+            f"[N,{w}] . [N,{w}]",
+            lambda: dgl.ops.u_dot_v(g, x, y),
+            lambda: dgl.ops.u_dot_v(g, xb, yb),
+            {"nearest": lambda: sddmm_q("dot", x, y, edges)},
+        )
+
+    for w in args.widths:
+        widths_rows(w)
+    el = torch.randn(n, HEADS, 1, generator=gen)
+    er = torch.randn(n, HEADS, 1, generator=gen)
+    elb, erb = el.to(torch.bfloat16), er.to(torch.bfloat16)
+    bench(
+        "u_add_v (GAT)",
+        f"[N,{HEADS},1] + [N,{HEADS},1]",
+        lambda: dgl.ops.u_add_v(g, el, er),
+        lambda: dgl.ops.u_add_v(g, elb, erb),
+        {"nearest": lambda: sddmm_q("add", el, er, edges)},
+    )
+
+    if args.json:
+        meta = {
+            "command": command,
+            "dataset": args.dataset,
+            "nodes": n,
+            "edges": e,
+            "threads": torch.get_num_threads(),
+            "repeat": args.repeat,
+            "isa": info["isa"],
+            "torch": torch.__version__,
+            "dgl": dgl.__version__,
+        }
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": rows}, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,394 @@
+// Quantized SDDMM (tango-sc23 sec. 3.3); the definition is qtrain/ops/sparse.py
+// (reference_qsddmm). For edge e, i = lhs_index[e], j = rhs_index[e]:
+//
+//   add / sub: out[e] = fl32(q_l[i] * s_l) +/- fl32(q_r[j] * s_r)
+//   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
+//   dot:       out[e, h, 0] = fl32(float(sum_d q_l[i,h,d] * q_r[j,h,d]) * fl32(s_l * s_r))
+//
+// Every output element is exact integer arithmetic or the same elementwise
+// float32 operations as the reference, so any split of the edges gives the
+// same bits; edges are cut into one contiguous range per thread. Rows are
+// gathered one vector register of int8 lanes at a time and widened to int32 (products of two int8
+// are exact in int32, and so is a dot of up to 2^31 / 128^2 lanes, which
+// longer rows split into int64 partial sums); narrow rows (GAT's per-head
+// scalars, [N, H, 1]) use width-specialised loops.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cpu_isa.h"
+#include "qtrain_ops.h"
+#include "sparse_common.h"
+
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace qtrain {
+namespace {
+
+using sparse::Lanes;
+
+enum Op : int { kAdd = 0, kSub = 1, kMul = 2, kDot = 3 };
+
+constexpr int64_t kPrefetch = 8;        // edges ahead whose rows are prefetched (wide rows)
+constexpr int64_t kDotChunk = 1 << 17;  // lanes per int32 partial sum (|sum| < 2^31)
+
+struct SddmmArgs {
+  const void* li;
+  const void* ri;
+  const int8_t* ql;
+  const int8_t* qr;
+  float* out;
+  int64_t n_l;  // rows of q_l
+  int64_t n_r;  // rows of q_r
+  int64_t F;    // H * D lanes per row
+  int64_t H;
+  int64_t D;
+  float sl;
+  float sr;
+  float both;  // fl32(sl * sr)
+};
+
+// ---------------------------------------------------------------- kernel bodies
+
+// One lane of add / sub / mul.
+template <int OP>
+QT_ALWAYS_INLINE float elem(int8_t x, int8_t y, float sl, float sr, float both) {
+  if constexpr (OP == kAdd) {
+    return static_cast<float>(x) * sl + static_cast<float>(y) * sr;
+  } else if constexpr (OP == kSub) {
+    return static_cast<float>(x) * sl - static_cast<float>(y) * sr;
+  } else {
+    return static_cast<float>(static_cast<int32_t>(x) * static_cast<int32_t>(y)) * both;
+  }
+}
+
+// W lanes of add / sub / mul.
+template <int ISA, int OP>
+QT_ALWAYS_INLINE typename Lanes<ISA>::vf elem_vec(const int8_t* x, const int8_t* y, float sl,
+                                                  float sr, float both) {
+  using L = Lanes<ISA>;
+  using vf = typename L::vf;
+  const typename L::vi a = L::load(x);
+  const typename L::vi b = L::load(y);
+  if constexpr (OP == kAdd) {
+    return __builtin_convertvector(a, vf) * sl + __builtin_convertvector(b, vf) * sr;
+  } else if constexpr (OP == kSub) {
+    return __builtin_convertvector(a, vf) * sl - __builtin_convertvector(b, vf) * sr;
+  } else {
+    return __builtin_convertvector(a * b, vf) * both;
+  }
+}
+
+// 4 lanes of add / sub / mul (rows of width 4 and 8).
+template <int ISA, int OP>
+QT_ALWAYS_INLINE sparse::v4f elem4(const int8_t* x, const int8_t* y, float sl, float sr,
+                                   float both) {
+  using sparse::v4f;
+  const sparse::v4i32 a = Lanes<ISA>::load4(x);
+  const sparse::v4i32 b = Lanes<ISA>::load4(y);
+  if constexpr (OP == kAdd) {
+    return __builtin_convertvector(a, v4f) * sl + __builtin_convertvector(b, v4f) * sr;
+  } else if constexpr (OP == kSub) {
+    return __builtin_convertvector(a, v4f) * sl - __builtin_convertvector(b, v4f) * sr;
+  } else {
+    return __builtin_convertvector(a * b, v4f) * both;
+  }
+}
+
+// add / sub / mul over edges [e0, e1); FC > 0 fixes the row width at compile time.
+template <int ISA, int OP, int FC, typename I>
+QT_ALWAYS_INLINE bool elementwise_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
+  // locals, so the stores to out cannot force reloads of the arguments
+  const I* li = static_cast<const I*>(a.li);
+  const I* ri = static_cast<const I*>(a.ri);
+  const int8_t* ql = a.ql;
+  const int8_t* qr = a.qr;
+  float* out = a.out;
+  const uint64_t n_l = static_cast<uint64_t>(a.n_l);
+  const uint64_t n_r = static_cast<uint64_t>(a.n_r);
+  const float sl = a.sl;
+  const float sr = a.sr;
+  const float both = a.both;
+  const int64_t F = FC > 0 ? FC : a.F;
+  bool all_ok = true;
+  for (int64_t e = e0; e < e1; ++e) {
+    const int64_t i = static_cast<int64_t>(li[e]);
+    const int64_t j = static_cast<int64_t>(ri[e]);
+    float* o = out + e * F;
+    if (static_cast<uint64_t>(i) >= n_l || static_cast<uint64_t>(j) >= n_r) {
+      for (int64_t f = 0; f < F; ++f) o[f] = 0.0f;
+      all_ok = false;
+      continue;
+    }
+    const int8_t* x = ql + i * F;
+    const int8_t* y = qr + j * F;
+    if constexpr (FC == 4 || FC == 8) {
+      for (int c = 0; c < FC; c += 4) {
+        const sparse::v4f v = elem4<ISA, OP>(x + c, y + c, sl, sr, both);
+        std::memcpy(o + c, &v, sizeof v);
+      }
+    } else if constexpr (FC > 0) {
+      for (int64_t f = 0; f < FC; ++f) o[f] = elem<OP>(x[f], y[f], sl, sr, both);
+    } else {
+      if (F >= 32 && e + kPrefetch < e1) {
+        __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F);
+        __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F);
+      }
+      constexpr int W = Lanes<ISA>::W;
+      int64_t f = 0;
+      for (; f + W <= F; f += W) {
+        const auto v = elem_vec<ISA, OP>(x + f, y + f, sl, sr, both);
+        std::memcpy(o + f, &v, sizeof v);
+      }
+      for (; f < F; ++f) o[f] = elem<OP>(x[f], y[f], sl, sr, both);
+    }
+  }
+  return all_ok;
+}
+
+// Exact int8 dot of n lanes (n <= kDotChunk).
+template <int ISA>
+QT_ALWAYS_INLINE int32_t dot_i8(const int8_t* x, const int8_t* y, int64_t n) {
+  using L = Lanes<ISA>;
+  constexpr int W = L::W;
+  typename L::vi acc0 = typename L::vi{};
+  typename L::vi acc1 = typename L::vi{};
+  int64_t d = 0;
+  for (; d + 2 * W <= n; d += 2 * W) {
+    acc0 += L::load(x + d) * L::load(y + d);
+    acc1 += L::load(x + d + W) * L::load(y + d + W);
+  }
+  if (d + W <= n) {
+    acc0 += L::load(x + d) * L::load(y + d);
+    d += W;
+  }
+  acc0 += acc1;
+  int32_t s = 0;
+  for (int t = 0; t < W; ++t) s += acc0[t];
+  for (; d < n; ++d) s += static_cast<int32_t>(x[d]) * static_cast<int32_t>(y[d]);
+  return s;
+}
+
+// dot over edges [e0, e1); DC > 0 fixes the per-head width at compile time.
+template <int ISA, int DC, typename I>
+QT_ALWAYS_INLINE bool dot_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
+  const I* li = static_cast<const I*>(a.li);
+  const I* ri = static_cast<const I*>(a.ri);
+  const int8_t* ql = a.ql;
+  const int8_t* qr = a.qr;
+  float* out = a.out;
+  const uint64_t n_l = static_cast<uint64_t>(a.n_l);
+  const uint64_t n_r = static_cast<uint64_t>(a.n_r);
+  const float both = a.both;
+  const int64_t H = a.H;
+  const int64_t D = DC > 0 ? DC : a.D;
+  const int64_t F = H * D;
+  bool all_ok = true;
+  for (int64_t e = e0; e < e1; ++e) {
+    const int64_t i = static_cast<int64_t>(li[e]);
+    const int64_t j = static_cast<int64_t>(ri[e]);
+    float* o = out + e * H;
+    if (static_cast<uint64_t>(i) >= n_l || static_cast<uint64_t>(j) >= n_r) {
+      for (int64_t h = 0; h < H; ++h) o[h] = 0.0f;
+      all_ok = false;
+      continue;
+    }
+    if (F >= 32 && e + kPrefetch < e1) {
+      __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F);
+      __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F);
+      if (F > 64) {
+        __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F + 64);
+        __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F + 64);
+      }
+    }
+    const int8_t* x = ql + i * F;
+    const int8_t* y = qr + j * F;
+    for (int64_t h = 0; h < H; ++h) {
+      const int8_t* xh = x + h * D;
+      const int8_t* yh = y + h * D;
+      if constexpr (DC > 0 && DC < 16) {
+        int32_t s = 0;
+        for (int64_t d = 0; d < DC; ++d) {
+          s += static_cast<int32_t>(xh[d]) * static_cast<int32_t>(yh[d]);
+        }
+        o[h] = static_cast<float>(s) * both;
+      } else if (D <= kDotChunk) {
+        o[h] = static_cast<float>(dot_i8<ISA>(xh, yh, D)) * both;
+      } else {
+        int64_t s = 0;
+        for (int64_t d0 = 0; d0 < D; d0 += kDotChunk) {
+          s += dot_i8<ISA>(xh + d0, yh + d0, std::min(kDotChunk, D - d0));
+        }
+        o[h] = static_cast<float>(s) * both;
+      }
+    }
+  }
+  return all_ok;
+}
+
+template <int ISA, int OP, typename I>
+QT_ALWAYS_INLINE bool elementwise_by_width(const SddmmArgs& a, int64_t e0, int64_t e1) {
+  switch (a.F) {
+    case 1:
+      return elementwise_body<ISA, OP, 1, I>(a, e0, e1);
+    case 2:
+      return elementwise_body<ISA, OP, 2, I>(a, e0, e1);
+    case 4:
+      return elementwise_body<ISA, OP, 4, I>(a, e0, e1);
+    case 8:
+      return elementwise_body<ISA, OP, 8, I>(a, e0, e1);
+    default:
+      return elementwise_body<ISA, OP, 0, I>(a, e0, e1);
+  }
+}
+
+// Width dispatch: specialised loops for the narrow rows GAT uses, the generic one otherwise.
+template <int ISA, typename I>
+QT_ALWAYS_INLINE bool edges_body(int op, const SddmmArgs& a, int64_t e0, int64_t e1) {
+  if (op == kDot) {
+    switch (a.D) {
+      case 1:
+        return dot_body<ISA, 1, I>(a, e0, e1);
+      case 2:
+        return dot_body<ISA, 2, I>(a, e0, e1);
+      case 4:
+        return dot_body<ISA, 4, I>(a, e0, e1);
+      case 8:
+        return dot_body<ISA, 8, I>(a, e0, e1);
+      default:
+        return dot_body<ISA, 0, I>(a, e0, e1);
+    }
+  }
+  if (op == kAdd) return elementwise_by_width<ISA, kAdd, I>(a, e0, e1);
+  if (op == kSub) return elementwise_by_width<ISA, kSub, I>(a, e0, e1);
+  return elementwise_by_width<ISA, kMul, I>(a, e0, e1);
+}
+
+// ---------------------------------------------------------------- ISA variants
+
+struct Kernels {
+  bool (*edges_i32)(int, const SddmmArgs&, int64_t, int64_t);
+  bool (*edges_i64)(int, const SddmmArgs&, int64_t, int64_t);
+};
+
+#define QT_DEFINE_VARIANT(NAME, ATTR, ISA)                                               \
+  ATTR QT_FLATTEN bool edges_i32_##NAME(int op, const SddmmArgs& a, int64_t e0, int64_t e1) { \
+    return edges_body<ISA, int32_t>(op, a, e0, e1);                                         \
+  }                                                                                         \
+  ATTR QT_FLATTEN bool edges_i64_##NAME(int op, const SddmmArgs& a, int64_t e0, int64_t e1) { \
+    return edges_body<ISA, int64_t>(op, a, e0, e1);                                         \
+  }                                                                                         \
+  const Kernels kernels_##NAME = {edges_i32_##NAME, edges_i64_##NAME};
+
+#define QT_NO_ATTR
+QT_DEFINE_VARIANT(default, QT_NO_ATTR, isa::kDefault)
+#if QT_X86_DISPATCH
+QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2, isa::kAvx2)
+QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512)
+#endif
+
+const Kernels& kernels() {
+#if QT_X86_DISPATCH
+  switch (isa::current()) {
+    case isa::kAvx512:
+      return kernels_avx512;
+    case isa::kAvx2:
+      return kernels_avx2;
+    default:
+      break;
+  }
+#endif
+  return kernels_default;
+}
+
+int parse_op(const char* fn, const std::string& op) {
+  if (op == "add") return kAdd;
+  if (op == "sub") return kSub;
+  if (op == "mul") return kMul;
+  if (op == "dot") return kDot;
+  TORCH_CHECK_VALUE(false, fn, ": op must be one of 'add', 'sub', 'mul', 'dot', got '", op, "'");
+  return -1;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- op
+
+at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double scale_lhs,
+                  const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
+                  const at::Tensor& rhs_index_in) {
+  constexpr const char* fn = "qtrain._ext.qsddmm";
+  const int op = parse_op(fn, op_name);
+  const at::Tensor ql = sparse::q_arg(fn, "q_lhs", q_lhs_in);
+  const at::Tensor qr = sparse::q_arg(fn, "q_rhs", q_rhs_in);
+  at::Tensor li = sparse::index_arg(fn, "lhs_index", lhs_index_in);
+  at::Tensor ri = sparse::index_arg(fn, "rhs_index", rhs_index_in);
+  TORCH_CHECK_VALUE(ql.sizes().slice(1) == qr.sizes().slice(1), fn,
+                    ": q_lhs and q_rhs need the same trailing shape, got ", ql.sizes(), " and ",
+                    qr.sizes());
+  TORCH_CHECK_VALUE(li.numel() == ri.numel(), fn, ": lhs_index has ", li.numel(),
+                    " entries, rhs_index ", ri.numel());
+  const bool wide = li.scalar_type() == at::kLong || ri.scalar_type() == at::kLong;
+  if (wide) {
+    li = li.to(at::kLong);
+    ri = ri.to(at::kLong);
+  }
+
+  const int64_t E = li.numel();
+  const int64_t H = ql.dim() == 3 ? ql.size(1) : 1;
+  const int64_t D = ql.size(-1);
+  std::vector<int64_t> shape{E};
+  if (ql.dim() == 3) shape.push_back(H);
+  shape.push_back(op == kDot ? 1 : D);
+  at::Tensor out = at::empty(shape, ql.options().dtype(at::kFloat));
+  if (E == 0 || out.numel() == 0) return out;
+
+  SddmmArgs a{};
+  a.li = li.const_data_ptr();
+  a.ri = ri.const_data_ptr();
+  a.ql = ql.const_data_ptr<int8_t>();
+  a.qr = qr.const_data_ptr<int8_t>();
+  a.out = out.mutable_data_ptr<float>();
+  sparse::advise_huge_pages(a.out, out.numel() * static_cast<int64_t>(sizeof(float)));
+  a.n_l = ql.size(0);
+  a.n_r = qr.size(0);
+  a.F = H * D;
+  a.H = H;
+  a.D = D;
+  a.sl = static_cast<float>(scale_lhs);
+  a.sr = static_cast<float>(scale_rhs);
+  a.both = a.sl * a.sr;
+
+  const Kernels& K = kernels();
+  const auto run = wide ? K.edges_i64 : K.edges_i32;
+  const int nt = sparse::plan_threads(E * (a.F + 4), 1 << 16);
+  std::atomic<bool> ok{true};
+#ifdef _OPENMP
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    {
+      const int64_t T = omp_get_num_threads();
+      const int64_t t = omp_get_thread_num();
+      const int64_t e0 = E * t / T;
+      const int64_t e1 = E * (t + 1) / T;
+      if (e0 < e1 && !run(op, a, e0, e1)) ok.store(false, std::memory_order_relaxed);
+    }
+  } else if (!run(op, a, 0, E)) {
+    ok.store(false);
+  }
+#else
+  (void)nt;
+  if (!run(op, a, 0, E)) ok.store(false);
+#endif
+  TORCH_CHECK_VALUE(ok.load(), fn, ": an entry of lhs_index is outside [0, ", a.n_l,
+                    ") (rows of q_lhs) or of rhs_index outside [0, ", a.n_r, ") (rows of q_rhs)");
+  return out;
+}
+
+}  // namespace qtrain

@@ -1,0 +1,158 @@
+// Helpers shared by the sparse kernels (spmm_cpu.cpp, sddmm_cpu.cpp).
+//
+// The vector types are GCC/Clang generic vectors: one source, which each ISA
+// wrapper (QT_TARGET_AVX512 / QT_TARGET_AVX2 / none) lowers to its own
+// registers (one zmm, two ymm or four xmm per 16 lanes). They only do exact
+// integer adds and the same IEEE float32 multiplies/adds as the scalar code,
+// so every variant gives the same bits.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "cpu_isa.h"
+
+#if QT_X86_DISPATCH
+#include <immintrin.h>
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// On an ISA wrapper: inline every call below it (see Lanes).
+#define QT_FLATTEN __attribute__((flatten))
+
+namespace qtrain {
+namespace sparse {
+
+// Lanes<ISA>: W int32 / float32 lanes per vector register of that ISA (4 for
+// SSE2, 8 for AVX2, 16 for AVX-512) as GCC generic vectors, and load(p): W
+// int8 lanes at p (unaligned) sign-extended to int32. The bodies are templates
+// on the ISA and written once against these; load is the one per-ISA piece
+// (GCC 12 lowers a direct int8 -> int32 __builtin_convertvector to scalar
+// code, so the x86 variants use the sign-extending load vpmovsxbd). The x86
+// loads carry their target attribute, so they cannot be always_inline into the
+// attribute-less bodies; the ISA wrappers are QT_FLATTEN instead, which
+// inlines the whole call tree into each wrapper, so no vector crosses a call.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef int32_t v4i32 __attribute__((vector_size(16)));
+typedef float v4f __attribute__((vector_size(16)));
+
+template <int ISA>
+struct Lanes {
+  static constexpr int W = 4;
+  typedef int32_t vi __attribute__((vector_size(16)));
+  typedef float vf __attribute__((vector_size(16)));
+  static QT_ALWAYS_INLINE vi load(const int8_t* p) {
+    typedef int8_t v4i8 __attribute__((vector_size(4)));
+    typedef int16_t v4i16 __attribute__((vector_size(8)));
+    v4i8 x;
+    std::memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(__builtin_convertvector(x, v4i16), vi);
+  }
+  // 4 int8 lanes at p widened to int32 (narrow rows: GAT's per-head scalars).
+  static QT_ALWAYS_INLINE v4i32 load4(const int8_t* p) { return load(p); }
+};
+#if QT_X86_DISPATCH
+template <>
+struct Lanes<isa::kAvx2> {
+  static constexpr int W = 8;
+  typedef int32_t vi __attribute__((vector_size(32)));
+  typedef float vf __attribute__((vector_size(32)));
+  QT_TARGET_AVX2 static inline vi load(const int8_t* p) {
+    return reinterpret_cast<vi>(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  QT_TARGET_AVX2 static inline v4i32 load4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return reinterpret_cast<v4i32>(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
+  }
+};
+template <>
+struct Lanes<isa::kAvx512> {
+  static constexpr int W = 16;
+  typedef int32_t vi __attribute__((vector_size(64)));
+  typedef float vf __attribute__((vector_size(64)));
+  QT_TARGET_AVX512 static inline vi load(const int8_t* p) {
+    return reinterpret_cast<vi>(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  QT_TARGET_AVX512 static inline v4i32 load4(const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    return reinterpret_cast<v4i32>(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
+  }
+};
+#endif
+#pragma GCC diagnostic pop
+
+// Largest row degree whose int8 sum always fits in int32 (127 * d < 2^31, -128 too).
+constexpr int64_t kMaxDegreeInt32 = (int64_t{1} << 31) / 128 - 1;
+
+// OpenMP team size for `work` units of roughly `grain` each (torch's thread setting caps it).
+inline int plan_threads(int64_t work, int64_t grain) {
+  const int64_t want = (work + grain - 1) / grain;
+  const int64_t have = std::max(1, at::get_num_threads());
+  return static_cast<int>(std::max<int64_t>(1, std::min(want, have)));
+}
+
+// Ask for transparent huge pages on a fresh output buffer before it is first
+// written. Outputs here are tens of MB (E x H floats) that malloc maps fresh
+// on every call; with 4 KiB pages the first-touch page faults cost as much as
+// the kernel itself, with 2 MiB pages a few hundred times fewer faults. Only
+// where THP is in "madvise" mode does this change anything; errors are ignored.
+inline void advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  if (bytes < static_cast<int64_t>(4 * kHuge)) return;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+  const uintptr_t e = end & ~(kHuge - 1);
+  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+inline void check_cpu_dense(const char* fn, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), fn, ": ", name, " must be a CPU tensor, got device ",
+                    t.device());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, fn, ": ", name,
+                    " must be a dense (strided) tensor");
+}
+
+// A 1-d int32/int64 CPU index tensor, made contiguous.
+inline at::Tensor index_arg(const char* fn, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, fn, ": ", name,
+                   " must be int32 or int64, got ", t.scalar_type());
+  check_cpu_dense(fn, name, t);
+  TORCH_CHECK_VALUE(t.dim() == 1, fn, ": ", name, " must be 1-d, got shape ", t.sizes());
+  return t.contiguous();
+}
+
+// An int8 [N, D] or [N, H, D] CPU tensor, made contiguous.
+inline at::Tensor q_arg(const char* fn, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kChar, fn, ": ", name, " must be int8, got ",
+                   t.scalar_type());
+  check_cpu_dense(fn, name, t);
+  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, fn, ": ", name,
+                    " must have shape [N, D] or [N, H, D], got ", t.sizes());
+  return t.contiguous();
+}
+
+}  // namespace sparse
+}  // namespace qtrain
