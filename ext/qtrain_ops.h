@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <tuple>
 
 namespace qtrain {
@@ -17,5 +19,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x, int64
 
 // n float32 uniforms in [0, 1); element i depends only on (seed, offset + i).
 at::Tensor counter_uniform(int64_t n, uint64_t seed, int64_t offset);
+
+// float32 C = fl32(float(int32 acc) * scale) (+ bias[n]) of int8 operands, layout "nn"
+// (A[M,K] @ B[K,N]), "nt" (A[M,K] @ B[N,K]^T) or "tn" (A[K,M]^T @ B[K,N]); bit-identical
+// to qtrain.ops.gemm.reference_int8_gemm.
+at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
+                     const std::string& layout, const std::optional<at::Tensor>& bias);
 
 }  // namespace qtrain
