@@ -21,6 +21,10 @@
 //   Tile 6 x 16. No vpmaddubsw: it saturates.
 // * default: the same int16-pair layout in portable C++.
 //
+// The micro-tiles are written with intrinsics per family rather than one portable
+// body per ISA (QT_DEFINE_VARIANT): compilers do not turn portable code into
+// vpdpbusd / vpmaddwd register tiles. Packing and drivers are shared C++.
+//
 // B is packed once per call into column panels ([k-group][column][k in group]),
 // zero-padded in K and N, so A's padding bytes never matter. A is read in place
 // (avx512vnni, "nn"/"nt") or packed per 6-row block. Threads own contiguous
@@ -198,6 +202,7 @@ QT_TARGET_AVX512VNNI void tile_vnni(const TileArgs& t) {
     __m512i corr[NV];
     __m512 bias[NV];
     __mmask16 mask[NV];
+    const bool full = t.ncols == 16 * NV;  // masked stores are slower: only for the last panel
     for (int v = 0; v < NV; ++v) {
       mask[v] = lanes_mask(t.ncols - 16 * v);
       corr[v] = _mm512_loadu_si512(t.corr + 16 * v);
@@ -209,7 +214,11 @@ QT_TARGET_AVX512VNNI void tile_vnni(const TileArgs& t) {
         __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], corr[v]));
         f = _mm512_mul_ps(f, vs);
         if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
-        _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
+        if (full) {
+          _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
+        } else {
+          _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
+        }
       }
     }
   }
