@@ -419,6 +419,13 @@ int team_size(int64_t work_items, double macs) {
   return static_cast<int>(std::max<int64_t>(1, std::min(have, work_items)));
 }
 
+// Per-thread buffers of the drivers.
+struct Scratch {
+  std::vector<int8_t> a8, b8;     // packed A / B (VNNI bytes)
+  std::vector<int16_t> a16, b16;  // packed A / B (int16 pairs)
+  std::vector<int64_t> c64, cs;   // int64 accumulators, column sums
+};
+
 template <typename Fn>
 void run_team(int nt, const Fn& body) {
 #ifdef _OPENMP
@@ -474,19 +481,24 @@ void gemm_rows(const Problem& p) {
   const int nt = team_size(blocks, static_cast<double>(p.M) * static_cast<double>(p.N) *
                                           static_cast<double>(std::max<int64_t>(p.K, 1)));
   const bool direct_a = F::kDirectA && p.layout != 'T';
-  run_team(nt, [&](int t, int T) {
-    const int64_t b0 = blocks * t / T, b1 = blocks * (t + 1) / T;
-    std::vector<int8_t> abuf8;
-    std::vector<int16_t> abuf16;
+  // per-thread scratch, allocated here: nothing may throw inside the parallel region
+  std::vector<Scratch> scratch(static_cast<size_t>(nt));
+  for (Scratch& sc : scratch) {
     if (!direct_a) {
       if constexpr (F::kBytes) {
-        abuf8.resize(static_cast<size_t>(Kp * kMR));
+        sc.a8.resize(static_cast<size_t>(Kp * kMR));
       } else {
-        abuf16.resize(static_cast<size_t>(Kp * kMR));
+        sc.a16.resize(static_cast<size_t>(Kp * kMR));
       }
     }
+    if (big_k) sc.c64.resize(static_cast<size_t>(kMR * F::kNR));
+  }
+  run_team(nt, [&](int t, int T) {
+    const int64_t b0 = blocks * t / T, b1 = blocks * (t + 1) / T;
+    std::vector<int8_t>& abuf8 = scratch[static_cast<size_t>(t)].a8;
+    std::vector<int16_t>& abuf16 = scratch[static_cast<size_t>(t)].a16;
+    std::vector<int64_t>& tile64 = scratch[static_cast<size_t>(t)].c64;
     alignas(64) int8_t tail[kMR * 4];
-    std::vector<int64_t> tile64(big_k ? static_cast<size_t>(kMR * F::kNR) : 0);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t m0 = blk * kMR;
       const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
@@ -577,22 +589,26 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
   const int64_t chunks = (p.K + kSplitChunk - 1) / kSplitChunk;
   const int nt = team_size(chunks, static_cast<double>(p.M) * static_cast<double>(p.N) *
                                           static_cast<double>(p.K));
-  std::vector<std::vector<int64_t>> part(static_cast<size_t>(nt));
-  std::vector<std::vector<int64_t>> colsums(static_cast<size_t>(nt));
-  run_team(nt, [&](int t, int T) {
-    std::vector<int64_t>& c64 = part[static_cast<size_t>(t)];
-    std::vector<int64_t>& cs = colsums[static_cast<size_t>(t)];
-    c64.assign(static_cast<size_t>(Mr * Np), 0);
-    cs.assign(static_cast<size_t>(Np), 0);
-    std::vector<int8_t> a8, b8;
-    std::vector<int16_t> a16, b16;
+  // per-thread scratch, allocated (and zeroed) here: nothing may throw inside the parallel
+  // region, and a thread OpenMP does not start leaves a zero partial
+  std::vector<Scratch> scratch(static_cast<size_t>(nt));
+  for (Scratch& sc : scratch) {
+    sc.c64.assign(static_cast<size_t>(Mr * Np), 0);
+    sc.cs.assign(static_cast<size_t>(Np), 0);
     if constexpr (F::kBytes) {
-      a8.resize(static_cast<size_t>(kSplitChunk * Mr));
-      b8.resize(static_cast<size_t>(kSplitChunk * Np));
+      sc.a8.resize(static_cast<size_t>(kSplitChunk * Mr));
+      sc.b8.resize(static_cast<size_t>(kSplitChunk * Np));
     } else {
-      a16.resize(static_cast<size_t>(kSplitChunk * Mr));
-      b16.resize(static_cast<size_t>(kSplitChunk * Np));
+      sc.a16.resize(static_cast<size_t>(kSplitChunk * Mr));
+      sc.b16.resize(static_cast<size_t>(kSplitChunk * Np));
     }
+  }
+  run_team(nt, [&](int t, int T) {
+    Scratch& sc = scratch[static_cast<size_t>(t)];
+    std::vector<int64_t>& c64 = sc.c64;
+    std::vector<int64_t>& cs = sc.cs;
+    std::vector<int8_t>&a8 = sc.a8, &b8 = sc.b8;
+    std::vector<int16_t>&a16 = sc.a16, &b16 = sc.b16;
     const int64_t c0 = chunks * t / T, c1 = chunks * (t + 1) / T;
     for (int64_t ch = c0; ch < c1; ++ch) {
       const int64_t k0 = ch * kSplitChunk;
@@ -642,15 +658,15 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
     }
   });
   // sum the partials (integers: any order gives the same result)
-  std::vector<int64_t>& acc = part[0];
+  std::vector<int64_t>& acc = scratch[0].c64;
   std::vector<int64_t> corr(static_cast<size_t>(Np), 0);
   for (int t = 0; t < nt; ++t) {
+    const Scratch& sc = scratch[static_cast<size_t>(t)];
     if (t > 0) {
-      const std::vector<int64_t>& pt = part[static_cast<size_t>(t)];
-      for (size_t i = 0; i < acc.size(); ++i) acc[i] += pt[i];
+      for (size_t i = 0; i < acc.size(); ++i) acc[i] += sc.c64[i];
     }
     if (F::kBytes) {
-      for (int64_t n = 0; n < Np; ++n) corr[n] += 128 * colsums[static_cast<size_t>(t)][n];
+      for (int64_t n = 0; n < Np; ++n) corr[n] += 128 * sc.cs[n];
     }
   }
   finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.bias, p.out, p.N);
