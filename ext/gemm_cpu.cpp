@@ -32,6 +32,9 @@
 // nodes, M and N = hidden sizes) instead splits K across threads: each thread
 // packs K-chunks of both operands and accumulates an int64 partial C; the
 // partials are summed at the end (integers: order-free, deterministic).
+// A large output buffer gets a transparent-huge-page hint before it is written
+// (advise_huge_pages): writing fresh 4 KiB pages otherwise costs as much as the
+// arithmetic.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
