@@ -42,6 +42,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -675,6 +676,15 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
   finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.bias, p.out, p.N);
 }
 
+// "tn" strategy: QTRAIN_GEMM_TN=split|rows forces one (tests and benchmarks), else auto.
+int tn_strategy() {
+  const char* env = std::getenv("QTRAIN_GEMM_TN");
+  if (env == nullptr) return 0;
+  if (std::strcmp(env, "split") == 0) return 1;
+  if (std::strcmp(env, "rows") == 0) return 2;
+  return 0;
+}
+
 template <class F>
 void gemm_family(const Problem& p) {
   if (p.layout == 'T') {
@@ -684,7 +694,8 @@ void gemm_family(const Problem& p) {
     const int64_t threads = std::max(1, at::get_num_threads());
     const bool small_out = Mr * Np * 8 * threads <= (int64_t{64} << 20);
     const int64_t blocks = Mr / kMR;
-    if (small_out && (p.K >= 4096 || blocks < 2 * threads)) {
+    const int forced = tn_strategy();
+    if (forced == 1 || (forced == 0 && small_out && (p.K >= 4096 || blocks < 2 * threads))) {
       gemm_split_k<F>(p, Mr, Np);
       return;
     }

@@ -117,6 +117,24 @@ def test_ext_matches_reference_every_isa_and_thread_count(
                 _check(ext, qa, qb, layout, bias=bias)
 
 
+@pytest.mark.parametrize("strategy", ["split", "rows"])
+def test_ext_tn_both_strategies(
+    strategy: str, isa_restored: ModuleType, threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both "tn" strategies (K split across threads, A^T packed per row block) are exact."""
+    ext = isa_restored
+    monkeypatch.setenv("QTRAIN_GEMM_TN", strategy)
+    make = _rand(13)
+    shapes = [*SHAPES, *EMPTY_SHAPES, (40, 3000, 70), (2, 70_001, 3)]
+    for isa in ext.info()["isa_supported"]:
+        ext.set_isa(isa)
+        for nthreads in (1, 2):
+            torch.set_num_threads(nthreads)
+            for i, (m, k, n) in enumerate(shapes):
+                qa, qb = _operands(m, k, n, "tn", make)
+                _check(ext, qa, qb, "tn", bias=torch.randn(n) if i % 2 else None)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_ext_long_inner_dimension(layout: str, isa_restored: ModuleType, threads: None) -> None:
     """K in the thousands: the split-K path of "tn" and many k-steps for "nn"/"nt"."""
@@ -132,15 +150,19 @@ def test_ext_long_inner_dimension(layout: str, isa_restored: ModuleType, threads
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_ext_inner_dimension_beyond_int32_chunks(layout: str, isa_restored: ModuleType) -> None:
+def test_ext_inner_dimension_beyond_int32_chunks(
+    layout: str, isa_restored: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """K > 65536 with all -128: partial sums go through int64 (a true sum of 2^31 and more)."""
     ext = isa_restored
     m, k, n = 2, 70_001, 3
     qa, qb = _operands(m, k, n, layout, lambda shape: torch.full(shape, -128, dtype=torch.int8))
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        _check(ext, qa, qb, layout, scale=1.0)
-        assert ext.int8_gemm(qa, qb, 1.0, layout)[0, 0].item() == float(k * 128 * 128)
+    for strategy in ("split", "rows") if layout == "tn" else ("auto",):
+        monkeypatch.setenv("QTRAIN_GEMM_TN", strategy)
+        for isa in ext.info()["isa_supported"]:
+            ext.set_isa(isa)
+            _check(ext, qa, qb, layout, scale=1.0)
+            assert ext.int8_gemm(qa, qb, 1.0, layout)[0, 0].item() == float(k * 128 * 128)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
