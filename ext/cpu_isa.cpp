@@ -14,6 +14,8 @@ namespace {
 bool cpu_has(int isa) {
 #if QT_X86_DISPATCH
   switch (isa) {
+    case kAvx512Vnni:
+      return cpu_has(kAvx512) && __builtin_cpu_supports("avx512vnni");
     case kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -28,6 +30,7 @@ bool cpu_has(int isa) {
 }
 
 int parse(const std::string& s) {
+  if (s == "avx512vnni" || s == "vnni") return kAvx512Vnni;
   if (s == "avx512f" || s == "avx512") return kAvx512;
   if (s == "avx2") return kAvx2;
   if (s == "default" || s == "generic") return kDefault;
@@ -53,6 +56,8 @@ std::atomic<int>& state() {
 
 const char* name(int isa) {
   switch (isa) {
+    case kAvx512Vnni:
+      return "avx512vnni";
     case kAvx512:
       return "avx512f";
     case kAvx2:
@@ -64,7 +69,7 @@ const char* name(int isa) {
 
 std::vector<std::string> compiled() {
 #if QT_X86_DISPATCH
-  return {"avx512f", "avx2", "default"};
+  return {"avx512vnni", "avx512f", "avx2", "default"};
 #else
   return {"default"};
 #endif
@@ -72,7 +77,7 @@ std::vector<std::string> compiled() {
 
 std::vector<std::string> supported() {
   std::vector<std::string> out;
-  for (int isa : {kAvx512, kAvx2, kDefault}) {
+  for (int isa : {kAvx512Vnni, kAvx512, kAvx2, kDefault}) {
     if (cpu_has(isa)) out.emplace_back(name(isa));
   }
   return out;
@@ -82,18 +87,23 @@ int best() {
 #if QT_X86_DISPATCH
   __builtin_cpu_init();
 #endif
-  for (int isa : {kAvx512, kAvx2}) {
+  for (int isa : {kAvx512Vnni, kAvx512, kAvx2}) {
     if (cpu_has(isa)) return isa;
   }
   return kDefault;
 }
 
-int current() { return state().load(std::memory_order_relaxed); }
+int variant() { return state().load(std::memory_order_relaxed); }
+
+int current() {
+  const int v = variant();
+  return v == kAvx512Vnni ? kAvx512 : v;
+}
 
 std::string set(const std::string& s) {
   const int isa = parse(s);
   TORCH_CHECK_VALUE(isa >= 0, "qtrain._ext.set_isa: unknown ISA '", s,
-                    "'; allowed: 'avx512f', 'avx2', 'default'");
+                    "'; allowed: 'avx512vnni', 'avx512f', 'avx2', 'default'");
   TORCH_CHECK_VALUE(cpu_has(isa), "qtrain._ext.set_isa: this CPU cannot run '", s,
                     "' kernels");
   return name(state().exchange(isa));

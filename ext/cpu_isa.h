@@ -16,6 +16,9 @@
 #define QT_X86_DISPATCH 1
 #define QT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define QT_TARGET_AVX2 __attribute__((target("avx2")))
+// AVX-512 plus VNNI (vpdpbusd): the int8 GEMM's fastest kernel.
+#define QT_TARGET_AVX512VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #else
 #define QT_X86_DISPATCH 0
 #endif
@@ -29,9 +32,11 @@
 namespace qtrain {
 namespace isa {
 
-enum Isa : int { kDefault = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAvx512Vnni is AVX-512 (as kAvx512) plus VNNI; only kernels that profit from
+// VNNI (the int8 GEMM) tell the two apart, through variant().
+enum Isa : int { kDefault = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 
-// "avx512f" / "avx2" / "default"
+// "avx512vnni" / "avx512f" / "avx2" / "default"
 const char* name(int isa);
 // Variants compiled into this build, best first.
 std::vector<std::string> compiled();
@@ -39,8 +44,11 @@ std::vector<std::string> compiled();
 std::vector<std::string> supported();
 // Best variant this CPU can run.
 int best();
-// Variant in use (QTRAIN_EXT_ISA at first use, else best()).
+// Vector family in use: kAvx512 also when the avx512vnni variant is selected, so
+// kernels without a VNNI-specific path keep switching on kAvx512 / kAvx2 / kDefault.
 int current();
+// Exact variant in use (QTRAIN_EXT_ISA at first use, else best()), kAvx512Vnni included.
+int variant();
 // Force a variant by name; throws c10::ValueError if unknown or unsupported. Returns the previous.
 std::string set(const std::string& name);
 

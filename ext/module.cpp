@@ -33,7 +33,7 @@ pybind11::dict info() {
   namespace py = pybind11;
   using namespace qtrain;
   py::dict d;
-  d["isa"] = isa::name(isa::current());
+  d["isa"] = isa::name(isa::variant());
   d["isa_best"] = isa::name(isa::best());
   d["isa_supported"] = isa::supported();
   d["isa_compiled"] = isa::compiled();
@@ -86,9 +86,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Quantized SDDMM per edge e on rows q_lhs[lhs_index[e]], q_rhs[rhs_index[e]]: op 'add' /\n"
         "'sub' (dequantize, then add) or 'mul' / 'dot' (exact integer product or dot times\n"
         "fl32(scale_lhs * scale_rhs)); float32 [E, ...], dot [E, 1] or [E, H, 1].");
+  m.def("int8_gemm", &qtrain::int8_gemm, py::arg("qa"), py::arg("qb"), py::arg("scale"),
+        py::arg("layout"), py::arg("bias") = py::none(), py::call_guard<py::gil_scoped_release>(),
+        "float32 C = fl32(float(acc) * scale) (+ bias) with acc the exact integer product of the\n"
+        "int8 matrices qa and qb: layout 'nn' A[M,K] @ B[K,N], 'nt' A[M,K] @ B[N,K]^T, 'tn'\n"
+        "A[K,M]^T @ B[K,N]. scale is fl32(scale_a * scale_b); bias (N,) float is added after\n"
+        "the multiply. Bit-identical to qtrain.ops.gemm.reference_int8_gemm for any thread\n"
+        "count and ISA (avx512vnni: vpdpbusd; avx512f/avx2: vpmaddwd; default: portable).");
   m.def("info", &info,
         "Build and run-time facts: ISA in use, OpenMP threads, compiler, torch version.");
   m.def(
       "set_isa", [](const std::string& name) { return qtrain::isa::set(name); }, py::arg("name"),
-      "Force the kernel variant ('avx512f', 'avx2', 'default'); returns the previous one.");
+      "Force the kernel variant ('avx512vnni', 'avx512f', 'avx2', 'default'); returns the\n"
+      "previous one. 'avx512vnni' differs from 'avx512f' only in the int8 GEMM.");
 }

@@ -31,4 +31,10 @@ at::Tensor qsddmm(const std::string& op, const at::Tensor& q_lhs, double scale_l
                   const at::Tensor& lhs_index, const at::Tensor& q_rhs, double scale_rhs,
                   const at::Tensor& rhs_index);
 
+// float32 C = fl32(float(int32 acc) * scale) (+ bias[n]) of int8 operands, layout "nn"
+// (A[M,K] @ B[K,N]), "nt" (A[M,K] @ B[N,K]^T) or "tn" (A[K,M]^T @ B[K,N]); bit-identical
+// to qtrain.ops.gemm.reference_int8_gemm.
+at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
+                     const std::string& layout, const std::optional<at::Tensor>& bias);
+
 }  // namespace qtrain

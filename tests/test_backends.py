@@ -66,7 +66,7 @@ def test_status_shape() -> None:
     if st["ext-cpu"]["built"]:
         cpu = st["ext-cpu"]
         assert cpu["path"].endswith(".so") or cpu["path"].endswith(".pyd")
-        assert cpu["isa"] in ("avx512f", "avx2", "default")
+        assert cpu["isa"] in ("avx512vnni", "avx512f", "avx2", "default")
         assert cpu["isa"] in cpu["isa_supported"]
         assert cpu["threads"] >= 1 and cpu["compiler"]
 

@@ -23,7 +23,7 @@ import torch
 from qtrain.ops import dispatch
 
 LAYOUTS = ("nn", "nt", "tn")
-GEMM_KERNELS: tuple[str, ...] = ()  # compiled backends implementing int8_gemm
+GEMM_KERNELS: tuple[str, ...] = ("ext-cpu",)  # compiled backends implementing int8_gemm
 
 
 def _dims(qa: torch.Tensor, qb: torch.Tensor, layout: str) -> tuple[int, int, int]:
@@ -67,7 +67,9 @@ def reference_int8_gemm(
         b = b.t()
     elif layout == "tn":
         a = a.t()
-    acc = a @ b  # exact integers, |acc| < 2^53
+    # exact integers, |acc| < 2^53; "+ 0.0" makes a float64 -0.0 (e.g. K = 1 and -3 * 0)
+    # the integer 0 it stands for, so the sign of a zero output is that of scale (+ bias)
+    acc = a @ b + 0.0
     out = acc.to(torch.float32) * torch.tensor(scale, dtype=torch.float32)
     if bias is not None:
         out = out + bias.to(torch.float32)
@@ -89,7 +91,7 @@ def int8_gemm(
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
     scale = combined_scale(scale_a, scale_b)
     chosen = dispatch.resolve("gemm", qa, backend, kernels=GEMM_KERNELS)
-    if chosen == "ext-cpu":  # pragma: no cover - wired when the kernel lands
+    if chosen == "ext-cpu":
         from qtrain import backends
 
         out = backends.ext_cpu().int8_gemm(qa, qb, scale, layout, bias)

@@ -1,0 +1,199 @@
+"""Benchmark qtrain's quantized linear-layer products against float32 and bf16 matmul.
+
+For each hidden size h, with X float32 [rows, h] ~ randn and W [h, h]:
+
+* forward: ``X @ W`` in float32, under bf16 autocast, and qtrain's quantized
+  forward = quantize(X) + quantize(W) + int8_gemm "nn" (float32 in and out),
+  with nearest and with stochastic rounding;
+* backward, given the quantized dY (and the X, W quantized in the forward):
+  dX = dY @ W^T (int8_gemm "nt") and dW = X^T @ dY (int8_gemm "tn"), against the
+  same products in float32 and bf16.
+
+Every candidate of a row runs once per repetition, round robin, so all of them
+see the same machine load; the table shows medians after warm-up and the ratios
+fp32_time / qtrain_time and bf16_time / qtrain_time, measured in this process.
+Run with ``--threads 2`` to compare with the README's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from qtrain import backends
+from qtrain.ops import quantize
+from qtrain.ops.gemm import int8_gemm
+
+Fn = Callable[[], object]
+
+
+def _bf16(fn: Callable[[], torch.Tensor]) -> Fn:
+    """fn under CPU bf16 autocast, as a mixed-precision baseline would run it."""
+
+    def run() -> torch.Tensor:
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            return fn()
+
+    return run
+
+
+def _time_round_robin(cands: dict[str, Fn], repeat: int, warmup: int) -> dict[str, float]:
+    """Median milliseconds per candidate; one call of each per round, after warm-up rounds."""
+    times: dict[str, list[float]] = {name: [] for name in cands}
+    for rnd in range(warmup + repeat):
+        for name, fn in cands.items():
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if rnd >= warmup:
+                times[name].append(dt * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bench_hidden(rows: int, h: int, bits: int, repeat: int, warmup: int) -> list[dict[str, object]]:
+    """Rows of the result table for one hidden size."""
+    g = torch.Generator().manual_seed(h)
+    x = torch.randn(rows, h, generator=g)
+    w = torch.randn(h, h, generator=g) / h**0.5
+    dy = torch.randn(rows, h, generator=g)
+
+    def fwd(rounding: str) -> Fn:
+        def run() -> torch.Tensor:
+            qx, sx = quantize(x, bits, rounding, seed=1, backend="ext-cpu")
+            qw, sw = quantize(w, bits, rounding, seed=2, backend="ext-cpu")
+            return int8_gemm(qx, qw, sx, sw, "nn", backend="ext-cpu")
+
+        return run
+
+    qx, sx = quantize(x, bits, backend="ext-cpu")
+    qw, sw = quantize(w, bits, backend="ext-cpu")
+    qdy, sdy = quantize(dy, bits, "stochastic", seed=3, backend="ext-cpu")
+    cases: list[tuple[str, Fn, Fn, Fn]] = [
+        ("fwd X@W nearest", lambda: x @ w, _bf16(lambda: x @ w), fwd("nearest")),
+        ("fwd X@W stochastic", lambda: x @ w, _bf16(lambda: x @ w), fwd("stochastic")),
+        (
+            "bwd dX=dY@W^T (nt)",
+            lambda: dy @ w.t(),
+            _bf16(lambda: dy @ w.t()),
+            lambda: int8_gemm(qdy, qw, sdy, sw, "nt", backend="ext-cpu"),
+        ),
+        (
+            "bwd dW=X^T@dY (tn)",
+            lambda: x.t() @ dy,
+            _bf16(lambda: x.t() @ dy),
+            lambda: int8_gemm(qx, qdy, sx, sdy, "tn", backend="ext-cpu"),
+        ),
+    ]
+    out = []
+    for name, f32, bf16, qt in cases:
+        ms = _time_round_robin({"fp32": f32, "bf16": bf16, "qtrain": qt}, repeat, warmup)
+        out.append(
+            {
+                "hidden": h,
+                "case": name,
+                "fp32_ms": ms["fp32"],
+                "bf16_ms": ms["bf16"],
+                "qtrain_ms": ms["qtrain"],
+                "speedup_vs_fp32": ms["fp32"] / ms["qtrain"],
+                "speedup_vs_bf16": ms["bf16"] / ms["qtrain"],
+            }
+        )
+    return out
+
+
+def _print_table(results: list[dict[str, object]], title: str) -> None:
+    header = ("h", "product", "fp32 ms", "bf16 ms", "qtrain ms", "fp32/qtrain", "bf16/qtrain")
+    body = [
+        (
+            str(r["hidden"]),
+            str(r["case"]),
+            f"{r['fp32_ms']:.1f}",
+            f"{r['bf16_ms']:.1f}",
+            f"{r['qtrain_ms']:.1f}",
+            f"{r['speedup_vs_fp32']:.2f}x",
+            f"{r['speedup_vs_bf16']:.2f}x",
+        )
+        for r in results
+    ]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
+        print(title)
+        for row in (header, *body):
+            print(
+                "  ".join(
+                    c.rjust(wd) if i != 1 else c.ljust(wd)
+                    for i, (c, wd) in enumerate(zip(row, widths, strict=True))
+                )
+            )
+        return
+    table = Table(title=title)
+    for i, col in enumerate(header):
+        table.add_column(col, justify="left" if i == 1 else "right")
+    for row in body:
+        table.add_row(*row)
+    Console(width=max(120, Console().width)).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run every hidden size, print the table and optionally write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2, help="torch (and qtrain) threads")
+    ap.add_argument("--rows", type=int, default=169343, help="rows of X (ogbn-arxiv nodes)")
+    ap.add_argument("--hidden", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--bits", type=int, default=8, help="quantization bits (2..8)")
+    ap.add_argument("--repeat", type=int, default=7, help="timed rounds (median reported)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+
+    if not backends.available("ext-cpu"):
+        print(f"qtrain._ext not built: {backends.error('ext-cpu')}", file=sys.stderr)
+        return 1
+    torch.set_num_threads(args.threads)
+    info = backends.ext_cpu().info()
+    command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv)
+    title = (
+        f"threads={torch.get_num_threads()} rows={args.rows} bits={args.bits} "
+        f"repeat={args.repeat} isa={info['isa']} torch={torch.__version__} "
+        f"cpu={platform.processor() or platform.machine()}"
+    )
+    print(f"command: {command}")
+    results: list[dict[str, object]] = []
+    for h in args.hidden:
+        results.extend(bench_hidden(args.rows, h, args.bits, args.repeat, args.warmup))
+    _print_table(results, title)
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "command": command,
+                    "threads": torch.get_num_threads(),
+                    "rows": args.rows,
+                    "bits": args.bits,
+                    "repeat": args.repeat,
+                    "warmup": args.warmup,
+                    "isa": info["isa"],
+                    "torch": torch.__version__,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

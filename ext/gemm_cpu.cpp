@@ -1,0 +1,792 @@
+// INT8 GEMM with the dequantization (and bias) fused into the store, on the CPU.
+//
+//   "nn": C[M,N] = A[M,K] @ B[K,N]   "nt": A[M,K] @ B[N,K]^T   "tn": A[K,M]^T @ B[K,N]
+//   C = fl32(float(acc) * scale) (+ bias[n])        acc = sum_k a*b, exact
+//
+// The reference is qtrain/ops/gemm.py. Integer accumulation is exact, so the
+// result is bit-identical to it for any blocking, thread count and ISA; the
+// float part is one conversion (round to nearest), one multiply and one add,
+// in that order (-ffp-contract=off, no FMA).
+//
+// Kernel families (picked from isa::variant()):
+//
+// * avx512vnni: vpdpbusd multiplies u8 x s8. A's bytes are flipped to a+128
+//   (xor 0x80) and 128 * colsum(B) is subtracted per column in the epilogue;
+//   int32 arithmetic wraps, so the result is exact whenever the true sum fits
+//   int32 (|acc| <= K * 2^14, guaranteed for K <= 65536; larger K is summed in
+//   chunks into int64). Correct for every int8 value, -128 included.
+//   Tile: 6 rows x 64 columns (24 zmm accumulators).
+// * avx2 (also used by the avx512f variant): both operands sign-extended to
+//   int16 pairs, vpmaddwd (exact: |a0*b0 + a1*b1| <= 2^15) and vpaddd.
+//   Tile 6 x 16. No vpmaddubsw: it saturates.
+// * default: the same int16-pair layout in portable C++.
+//
+// The micro-tiles are written with intrinsics per family rather than one portable
+// body per ISA (QT_DEFINE_VARIANT): compilers do not turn portable code into
+// vpdpbusd / vpmaddwd register tiles. Packing and drivers are shared C++.
+//
+// B is packed once per call into column panels ([k-group][column][k in group]),
+// zero-padded in K and N, so A's padding bytes never matter. A is read in place
+// (avx512vnni, "nn"/"nt") or packed per 6-row block. Threads own contiguous
+// row blocks. "tn" with a long inner dimension (dW = X^T dY: K = number of
+// nodes, M and N = hidden sizes) instead splits K across threads: each thread
+// packs K-chunks of both operands and accumulates an int64 partial C; the
+// partials are summed at the end (integers: order-free, deterministic).
+// A large output buffer gets a transparent-huge-page hint before it is written
+// (advise_huge_pages): writing fresh 4 KiB pages otherwise costs as much as the
+// arithmetic.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
+#include "cpu_isa.h"
+#include "qtrain_ops.h"
+
+#if QT_X86_DISPATCH
+#include <immintrin.h>
+#endif
+
+namespace qtrain {
+namespace {
+
+constexpr int kMR = 6;                 // rows per micro-tile, every family
+constexpr int64_t kChunkK = 65536;     // inner length whose int32 partial sums cannot overflow
+constexpr int64_t kSplitChunk = 1024;  // K-chunk of the split-K ("tn") path
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Everything a micro-tile needs. Units of a/b/strides depend on the family.
+struct TileArgs {
+  const void* a;       // A rows of this tile at k-step 0
+  int64_t ars;         // A: distance between rows (elements of the family's A unit)
+  int64_t aks;         // A: distance between k-steps
+  int64_t steps;       // k-steps (4 k each for VNNI, 2 for the int16 families)
+  const int8_t* tail;  // VNNI only: one more k-step from a [rows][4] byte buffer, or null
+  const void* b;       // packed B panel at k-step 0
+  // store epilogue
+  float* c;
+  int64_t ldc;
+  int ncols;            // valid columns of the tile
+  const float* bias;    // at the tile's first column, or null
+  const int32_t* corr;  // VNNI: 128 * colsum(B) (mod 2^32) at the tile's first column
+  float scale;
+  // int64 accumulate epilogue
+  int64_t* c64;
+  int64_t ldc64;
+};
+
+using TileFn = void (*)(const TileArgs&);
+
+// ---------------------------------------------------------------- packing (plain C++)
+
+// out[g][x][j] = src[(4g + j) * s_k + (x0 + x) * s_x] for k = 4g + j < K and x < nx, else 0;
+// g < ceil(K / 4), x < W. The 4 bytes of one column are one vpdpbusd lane.
+void pack_bytes(const int8_t* src, int64_t s_k, int64_t s_x, int64_t K, int64_t x0, int64_t nx,
+                int64_t W, int8_t* out) {
+  const int64_t groups = round_up(K, 4) / 4;
+  for (int64_t g = 0; g < groups; ++g) {
+    int8_t* o = out + g * W * 4;
+    const int64_t kb = 4 * g;
+    int64_t x = 0;
+#if defined(__SSE2__)
+    if (s_x == 1 && kb + 4 <= K) {
+      const int8_t* r0 = src + kb * s_k + x0;
+      for (; x + 16 <= nx; x += 16) {
+        const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + x));
+        const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + s_k + x));
+        const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 2 * s_k + x));
+        const __m128i v3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + 3 * s_k + x));
+        const __m128i lo01 = _mm_unpacklo_epi8(v0, v1), hi01 = _mm_unpackhi_epi8(v0, v1);
+        const __m128i lo23 = _mm_unpacklo_epi8(v2, v3), hi23 = _mm_unpackhi_epi8(v2, v3);
+        __m128i* d = reinterpret_cast<__m128i*>(o + 4 * x);
+        _mm_storeu_si128(d + 0, _mm_unpacklo_epi16(lo01, lo23));
+        _mm_storeu_si128(d + 1, _mm_unpackhi_epi16(lo01, lo23));
+        _mm_storeu_si128(d + 2, _mm_unpacklo_epi16(hi01, hi23));
+        _mm_storeu_si128(d + 3, _mm_unpackhi_epi16(hi01, hi23));
+      }
+    }
+#endif
+    for (; x < nx; ++x) {
+      for (int j = 0; j < 4; ++j) {
+        o[4 * x + j] = kb + j < K ? src[(kb + j) * s_k + (x0 + x) * s_x] : int8_t{0};
+      }
+    }
+    if (W > nx) std::memset(o + 4 * nx, 0, static_cast<size_t>(4 * (W - nx)));
+  }
+}
+
+// out[g][x][j] = int16(src[(2g + j) * s_k + (x0 + x) * s_x]), zero-padded, g < ceil(K / 4) * 2.
+void pack_pairs16(const int8_t* src, int64_t s_k, int64_t s_x, int64_t K, int64_t x0, int64_t nx,
+                  int64_t W, int16_t* out) {
+  const int64_t groups = round_up(K, 4) / 2;
+  for (int64_t g = 0; g < groups; ++g) {
+    int16_t* o = out + g * W * 2;
+    const int64_t kb = 2 * g;
+    for (int64_t x = 0; x < nx; ++x) {
+      for (int j = 0; j < 2; ++j) {
+        o[2 * x + j] = kb + j < K ? src[(kb + j) * s_k + (x0 + x) * s_x] : int8_t{0};
+      }
+    }
+    for (int64_t x = nx; x < W; ++x) o[2 * x] = o[2 * x + 1] = 0;
+  }
+}
+
+// ---------------------------------------------------------------- avx512vnni
+
+#if QT_X86_DISPATCH
+constexpr int kVnniNR = 64;  // 4 zmm of 16 int32 lanes
+
+QT_ALWAYS_INLINE QT_TARGET_AVX512VNNI __mmask16 lanes_mask(int valid) {
+  return valid >= 16 ? static_cast<__mmask16>(0xffff)
+                     : static_cast<__mmask16>((1u << std::max(valid, 0)) - 1u);
+}
+
+template <int R, int NV, bool ACC64>
+QT_TARGET_AVX512VNNI void tile_vnni(const TileArgs& t) {
+  __m512i acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_si512();
+  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  const int8_t* b = static_cast<const int8_t*>(t.b);
+  // segment 0: A in place (or packed); segment 1: the zero-padded last group of k, if any
+  for (int seg = 0; seg < 2; ++seg) {
+    const int8_t* a = seg == 0 ? static_cast<const int8_t*>(t.a) : t.tail;
+    const int64_t ars = seg == 0 ? t.ars : 4;
+    const int64_t aks = seg == 0 ? t.aks : 0;
+    const int64_t steps = seg == 0 ? t.steps : (t.tail != nullptr ? 1 : 0);
+    for (int64_t s = 0; s < steps; ++s) {
+      __m512i bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + 64 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        int32_t w;
+        std::memcpy(&w, a + r * ars, 4);
+        const __m512i av = _mm512_xor_si512(_mm512_set1_epi32(w), flip);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+      }
+      a += aks;
+      b += kVnniNR * 4;
+    }
+  }
+  if constexpr (ACC64) {
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        int64_t* p = t.c64 + r * t.ldc64 + 16 * v;
+        const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[r][v]));
+        const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[r][v], 1));
+        _mm512_storeu_si512(p, _mm512_add_epi64(_mm512_loadu_si512(p), lo));
+        _mm512_storeu_si512(p + 8, _mm512_add_epi64(_mm512_loadu_si512(p + 8), hi));
+      }
+    }
+  } else {
+    const __m512 vs = _mm512_set1_ps(t.scale);
+    __m512i corr[NV];
+    __m512 bias[NV];
+    __mmask16 mask[NV];
+    const bool full = t.ncols == 16 * NV;  // masked stores are slower: only for the last panel
+    for (int v = 0; v < NV; ++v) {
+      mask[v] = lanes_mask(t.ncols - 16 * v);
+      corr[v] = _mm512_loadu_si512(t.corr + 16 * v);
+      bias[v] = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.bias + 16 * v)
+                                  : _mm512_setzero_ps();
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], corr[v]));
+        f = _mm512_mul_ps(f, vs);
+        if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
+        if (full) {
+          _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
+        } else {
+          _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
+        }
+      }
+    }
+  }
+}
+
+// colsum[c] += sum over the panel's k of B[k][c], via vpdpbusd with an all-ones u8 operand.
+QT_TARGET_AVX512VNNI void colsum_vnni(const int8_t* panel, int64_t steps, int64_t* colsum) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  int64_t done = 0;
+  while (done < steps) {
+    const int64_t n = std::min<int64_t>(steps - done, kChunkK / 4);  // int32 cannot overflow
+    __m512i acc[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                      _mm512_setzero_si512()};
+    const int8_t* b = panel + done * kVnniNR * 4;
+    for (int64_t s = 0; s < n; ++s, b += kVnniNR * 4) {
+      for (int v = 0; v < 4; ++v) {
+        acc[v] = _mm512_dpbusd_epi32(acc[v], ones, _mm512_loadu_si512(b + 64 * v));
+      }
+    }
+    alignas(64) int32_t tmp[kVnniNR];
+    for (int v = 0; v < 4; ++v) _mm512_store_si512(tmp + 16 * v, acc[v]);
+    for (int c = 0; c < kVnniNR; ++c) colsum[c] += tmp[c];
+    done += n;
+  }
+}
+
+// ---------------------------------------------------------------- avx2 (int16 pairs)
+
+constexpr int kPairNR = 16;  // columns of an int16-pair panel (avx2: 2 ymm; default: 16 ints)
+
+template <int R, int NV, bool ACC64>
+QT_TARGET_AVX2 void tile_avx2(const TileArgs& t) {
+  __m256i acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_si256();
+  const int32_t* a = static_cast<const int32_t*>(t.a);
+  const int16_t* b = static_cast<const int16_t*>(t.b);
+  for (int64_t s = 0; s < t.steps; ++s) {
+    __m256i bv[NV];
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 * v));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i av = _mm256_set1_epi32(a[r * t.ars]);
+      for (int v = 0; v < NV; ++v) {
+        acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(av, bv[v]));
+      }
+    }
+    a += t.aks;
+    b += kPairNR * 2;
+  }
+  if constexpr (ACC64) {
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        int64_t* p = t.c64 + r * t.ldc64 + 8 * v;
+        const __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(acc[r][v]));
+        const __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(acc[r][v], 1));
+        __m256i* q = reinterpret_cast<__m256i*>(p);
+        _mm256_storeu_si256(q, _mm256_add_epi64(_mm256_loadu_si256(q), lo));
+        _mm256_storeu_si256(q + 1, _mm256_add_epi64(_mm256_loadu_si256(q + 1), hi));
+      }
+    }
+  } else {
+    const __m256 vs = _mm256_set1_ps(t.scale);
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i mask[NV];
+    __m256 bias[NV];
+    for (int v = 0; v < NV; ++v) {
+      mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(t.ncols - 8 * v), iota);
+      bias[v] = t.bias != nullptr ? _mm256_maskload_ps(t.bias + 8 * v, mask[v])
+                                  : _mm256_setzero_ps();
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), vs);
+        if (t.bias != nullptr) f = _mm256_add_ps(f, bias[v]);
+        _mm256_maskstore_ps(t.c + r * t.ldc + 8 * v, mask[v], f);
+      }
+    }
+  }
+}
+#endif  // QT_X86_DISPATCH
+
+// ---------------------------------------------------------------- default (portable)
+
+template <int R, int NV, bool ACC64>
+void tile_default(const TileArgs& t) {
+  static_assert(NV == 1, "the portable tile is one 16-column vector wide");
+  int32_t acc[R][16] = {};
+  const int16_t* a = static_cast<const int16_t*>(t.a);
+  const int16_t* b = static_cast<const int16_t*>(t.b);
+  for (int64_t s = 0; s < t.steps; ++s) {
+    for (int r = 0; r < R; ++r) {
+      const int32_t a0 = a[2 * r * t.ars], a1 = a[2 * r * t.ars + 1];
+      for (int c = 0; c < 16; ++c) acc[r][c] += a0 * b[2 * c] + a1 * b[2 * c + 1];
+    }
+    a += 2 * t.aks;
+    b += 32;
+  }
+  for (int r = 0; r < R; ++r) {
+    if constexpr (ACC64) {
+      for (int c = 0; c < 16; ++c) t.c64[r * t.ldc64 + c] += acc[r][c];
+    } else {
+      for (int c = 0; c < t.ncols; ++c) {
+        float f = static_cast<float>(acc[r][c]) * t.scale;
+        if (t.bias != nullptr) f = f + t.bias[c];
+        t.c[r * t.ldc + c] = f;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- families
+
+// kBytes: B packed as bytes [k/4][NR][4] (VNNI, with the +128 correction), else as int16
+// pairs [k/2][NR][2]. kDirectA: A rows are read in place in "nn"/"nt".
+#if QT_X86_DISPATCH
+struct Vnni {
+  static constexpr int kNR = kVnniNR, kLanes = 16, kNV = 4, kKStep = 4;
+  static constexpr bool kBytes = true, kDirectA = true;
+  template <int R, int NV, bool ACC64>
+  static void tile(const TileArgs& t) {
+    tile_vnni<R, NV, ACC64>(t);
+  }
+};
+struct Avx2 {
+  static constexpr int kNR = kPairNR, kLanes = 8, kNV = 2, kKStep = 2;
+  static constexpr bool kBytes = false, kDirectA = false;
+  template <int R, int NV, bool ACC64>
+  static void tile(const TileArgs& t) {
+    tile_avx2<R, NV, ACC64>(t);
+  }
+};
+#endif
+struct Portable {
+  static constexpr int kNR = 16, kLanes = 16, kNV = 1, kKStep = 2;
+  static constexpr bool kBytes = false, kDirectA = false;
+  template <int R, int NV, bool ACC64>
+  static void tile(const TileArgs& t) {
+    tile_default<R, NV, ACC64>(t);
+  }
+};
+
+template <class F, bool ACC64, int R, int NV = 1>
+TileFn pick_nv(int nv) {
+  if constexpr (NV > F::kNV) {
+    return nullptr;
+  } else {
+    return nv == NV ? &F::template tile<R, NV, ACC64> : pick_nv<F, ACC64, R, NV + 1>(nv);
+  }
+}
+
+template <class F, bool ACC64, int R = 1>
+TileFn pick(int rows, int nv) {
+  if constexpr (R > kMR) {
+    return nullptr;
+  } else {
+    return rows == R ? pick_nv<F, ACC64, R>(nv) : pick<F, ACC64, R + 1>(rows, nv);
+  }
+}
+
+// ---------------------------------------------------------------- drivers
+
+struct Problem {
+  const int8_t* a;
+  const int8_t* b;
+  int64_t M, N, K;
+  char layout;  // 'n' = "nn", 't' = "nt", 'T' = "tn"
+  float scale;
+  const float* bias;  // [N] or null
+  float* out;         // [M, N]
+};
+
+// A's element (m, k) is at a[m * a_sm + k * a_sk]; B's (k, n) at b[k * b_sk + n * b_sn].
+void strides(const Problem& p, int64_t& a_sm, int64_t& a_sk, int64_t& b_sk, int64_t& b_sn) {
+  a_sm = p.layout == 'T' ? 1 : p.K;
+  a_sk = p.layout == 'T' ? p.M : 1;
+  b_sk = p.layout == 't' ? 1 : p.N;
+  b_sn = p.layout == 't' ? p.K : 1;
+}
+
+// out = fl32(float(acc - corr[n]) * scale) (+ bias[n]) for an int64 block.
+void finalize(const int64_t* acc, int64_t ld, int64_t rows, int64_t cols, const int64_t* corr,
+              float scale, const float* bias, float* out, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float f = static_cast<float>(acc[r * ld + c] - (corr != nullptr ? corr[c] : 0)) * scale;
+      if (bias != nullptr) f = f + bias[c];
+      out[r * ldo + c] = f;
+    }
+  }
+}
+
+// Threads for `work_items` independent pieces; one thread below ~1M multiply-adds.
+int team_size(int64_t work_items, double macs) {
+  const int64_t have = std::max(1, at::get_num_threads());
+  if (macs < 1048576.0) return 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min(have, work_items)));
+}
+
+// Per-thread buffers of the drivers.
+struct Scratch {
+  std::vector<int8_t> a8, b8;     // packed A / B (VNNI bytes)
+  std::vector<int16_t> a16, b16;  // packed A / B (int16 pairs)
+  std::vector<int64_t> c64, cs;   // int64 accumulators, column sums
+};
+
+template <typename Fn>
+void run_team(int nt, const Fn& body) {
+#ifdef _OPENMP
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    body(omp_get_thread_num(), omp_get_num_threads());
+    return;
+  }
+#endif
+  body(0, 1);
+}
+
+// B packed once into panels of F::kNR columns; threads own contiguous 6-row blocks.
+template <class F>
+void gemm_rows(const Problem& p) {
+  int64_t a_sm, a_sk, b_sk, b_sn;
+  strides(p, a_sm, a_sk, b_sk, b_sn);
+  const int64_t Kp = round_up(p.K, 4);
+  const int64_t panels = (p.N + F::kNR - 1) / F::kNR;
+  const int64_t Np = panels * F::kNR;
+  const int64_t panel_elems = Kp * F::kNR;  // bytes (VNNI) or int16s
+  const int64_t steps_total = Kp / F::kKStep;
+  const int64_t chunk_steps = kChunkK / F::kKStep;
+  const bool big_k = p.K > kChunkK;
+
+  std::vector<int8_t> b8;
+  std::vector<int16_t> b16;
+  std::vector<int64_t> colsum(static_cast<size_t>(Np), 0);
+  std::vector<int32_t> corr32(static_cast<size_t>(Np), 0);
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t n0 = q * F::kNR, nc = std::min<int64_t>(F::kNR, p.N - n0);
+    if constexpr (F::kBytes) {
+      if (b8.empty()) b8.resize(static_cast<size_t>(panels * panel_elems));
+      int8_t* dst = b8.data() + q * panel_elems;
+      pack_bytes(p.b, b_sk, b_sn, p.K, n0, nc, F::kNR, dst);
+#if QT_X86_DISPATCH
+      colsum_vnni(dst, Kp / 4, colsum.data() + n0);
+#endif
+    } else {
+      if (b16.empty()) b16.resize(static_cast<size_t>(panels * panel_elems));
+      pack_pairs16(p.b, b_sk, b_sn, p.K, n0, nc, F::kNR, b16.data() + q * panel_elems);
+    }
+  }
+  std::vector<int64_t> corr64(static_cast<size_t>(Np), 0);
+  if constexpr (F::kBytes) {
+    for (int64_t n = 0; n < Np; ++n) {
+      corr64[n] = 128 * colsum[n];
+      corr32[n] = static_cast<int32_t>(static_cast<uint32_t>(corr64[n]));  // mod 2^32
+    }
+  }
+
+  const int64_t blocks = (p.M + kMR - 1) / kMR;
+  const int nt = team_size(blocks, static_cast<double>(p.M) * static_cast<double>(p.N) *
+                                          static_cast<double>(std::max<int64_t>(p.K, 1)));
+  const bool direct_a = F::kDirectA && p.layout != 'T';
+  // per-thread scratch, allocated here: nothing may throw inside the parallel region
+  std::vector<Scratch> scratch(static_cast<size_t>(nt));
+  for (Scratch& sc : scratch) {
+    if (!direct_a) {
+      if constexpr (F::kBytes) {
+        sc.a8.resize(static_cast<size_t>(Kp * kMR));
+      } else {
+        sc.a16.resize(static_cast<size_t>(Kp * kMR));
+      }
+    }
+    if (big_k) sc.c64.resize(static_cast<size_t>(kMR * F::kNR));
+  }
+  run_team(nt, [&](int t, int T) {
+    const int64_t b0 = blocks * t / T, b1 = blocks * (t + 1) / T;
+    std::vector<int8_t>& abuf8 = scratch[static_cast<size_t>(t)].a8;
+    std::vector<int16_t>& abuf16 = scratch[static_cast<size_t>(t)].a16;
+    std::vector<int64_t>& tile64 = scratch[static_cast<size_t>(t)].c64;
+    alignas(64) int8_t tail[kMR * 4];
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t m0 = blk * kMR;
+      const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
+      TileArgs base{};
+      base.scale = p.scale;
+      base.tail = nullptr;
+      int64_t a_step;  // A elements advanced per k-step (for chunking)
+      if (direct_a) {
+        // A rows in place; a final partial group of k comes from `tail`
+        base.a = p.a + m0 * a_sm;
+        base.ars = a_sm;
+        base.aks = 4;
+        a_step = 4;
+        if (p.K % 4 != 0) {
+          std::memset(tail, 0, sizeof tail);
+          for (int r = 0; r < rows; ++r) {
+            for (int64_t k = p.K / 4 * 4; k < p.K; ++k) {
+              tail[r * 4 + (k % 4)] = p.a[(m0 + r) * a_sm + k];
+            }
+          }
+        }
+      } else {
+        if constexpr (F::kBytes) {
+          pack_bytes(p.a, a_sk, a_sm, p.K, m0, rows, kMR, abuf8.data());
+          base.a = abuf8.data();
+          base.ars = 4;
+          base.aks = 4 * kMR;
+          a_step = 4 * kMR;
+        } else {
+          pack_pairs16(p.a, a_sk, a_sm, p.K, m0, rows, kMR, abuf16.data());
+          base.a = abuf16.data();
+          base.ars = 1;
+          base.aks = kMR;
+          a_step = 2 * kMR;  // int16 elements per step
+        }
+      }
+      const int64_t direct_steps = direct_a ? p.K / 4 : steps_total;
+      for (int64_t q = 0; q < panels; ++q) {
+        const int64_t n0 = q * F::kNR;
+        const int nc = static_cast<int>(std::min<int64_t>(F::kNR, p.N - n0));
+        const int nv = (nc + F::kLanes - 1) / F::kLanes;
+        const void* bpanel = F::kBytes ? static_cast<const void*>(b8.data() + q * panel_elems)
+                                       : static_cast<const void*>(b16.data() + q * panel_elems);
+        TileArgs ta = base;
+        if (!big_k) {
+          ta.steps = direct_steps;
+          ta.tail = direct_a && p.K % 4 != 0 ? tail : nullptr;
+          ta.b = bpanel;
+          ta.c = p.out + m0 * p.N + n0;
+          ta.ldc = p.N;
+          ta.ncols = nc;
+          ta.bias = p.bias != nullptr ? p.bias + n0 : nullptr;
+          ta.corr = corr32.data() + n0;
+          pick<F, false>(rows, nv)(ta);
+          continue;
+        }
+        // K > kChunkK: int32 partial sums per chunk, accumulated in int64
+        std::fill(tile64.begin(), tile64.end(), 0);
+        const TileFn fn = pick<F, true>(rows, nv);
+        for (int64_t s0 = 0; s0 < direct_steps; s0 += chunk_steps) {
+          const int64_t n = std::min(chunk_steps, direct_steps - s0);
+          ta.steps = n;
+          ta.tail = direct_a && p.K % 4 != 0 && s0 + n == direct_steps ? tail : nullptr;
+          if (F::kBytes) {
+            ta.a = static_cast<const int8_t*>(base.a) + s0 * a_step;
+            ta.b = static_cast<const int8_t*>(bpanel) + s0 * F::kNR * 4;
+          } else {
+            ta.a = static_cast<const int16_t*>(base.a) + s0 * a_step;
+            ta.b = static_cast<const int16_t*>(bpanel) + s0 * F::kNR * 2;
+          }
+          ta.c64 = tile64.data();
+          ta.ldc64 = F::kNR;
+          fn(ta);
+        }
+        finalize(tile64.data(), F::kNR, rows, nc, F::kBytes ? corr64.data() + n0 : nullptr,
+                 p.scale, p.bias != nullptr ? p.bias + n0 : nullptr, p.out + m0 * p.N + n0, p.N);
+      }
+    }
+  });
+}
+
+// "tn" with a long inner dimension: K split across threads, int64 partial C per thread.
+template <class F>
+void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
+  int64_t a_sm, a_sk, b_sk, b_sn;
+  strides(p, a_sm, a_sk, b_sk, b_sn);
+  const int64_t panels = Np / F::kNR;
+  const int64_t chunks = (p.K + kSplitChunk - 1) / kSplitChunk;
+  const int nt = team_size(chunks, static_cast<double>(p.M) * static_cast<double>(p.N) *
+                                          static_cast<double>(p.K));
+  // per-thread scratch, allocated (and zeroed) here: nothing may throw inside the parallel
+  // region, and a thread OpenMP does not start leaves a zero partial
+  std::vector<Scratch> scratch(static_cast<size_t>(nt));
+  for (Scratch& sc : scratch) {
+    sc.c64.assign(static_cast<size_t>(Mr * Np), 0);
+    sc.cs.assign(static_cast<size_t>(Np), 0);
+    if constexpr (F::kBytes) {
+      sc.a8.resize(static_cast<size_t>(kSplitChunk * Mr));
+      sc.b8.resize(static_cast<size_t>(kSplitChunk * Np));
+    } else {
+      sc.a16.resize(static_cast<size_t>(kSplitChunk * Mr));
+      sc.b16.resize(static_cast<size_t>(kSplitChunk * Np));
+    }
+  }
+  run_team(nt, [&](int t, int T) {
+    Scratch& sc = scratch[static_cast<size_t>(t)];
+    std::vector<int64_t>& c64 = sc.c64;
+    std::vector<int64_t>& cs = sc.cs;
+    std::vector<int8_t>&a8 = sc.a8, &b8 = sc.b8;
+    std::vector<int16_t>&a16 = sc.a16, &b16 = sc.b16;
+    const int64_t c0 = chunks * t / T, c1 = chunks * (t + 1) / T;
+    for (int64_t ch = c0; ch < c1; ++ch) {
+      const int64_t k0 = ch * kSplitChunk;
+      const int64_t kc = std::min(kSplitChunk, p.K - k0);
+      const int64_t kcp = round_up(kc, 4);
+      const int8_t* asrc = p.a + k0 * a_sk;
+      const int8_t* bsrc = p.b + k0 * b_sk;
+      if constexpr (F::kBytes) {
+        pack_bytes(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a8.data());
+      } else {
+        pack_pairs16(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a16.data());
+      }
+      for (int64_t q = 0; q < panels; ++q) {
+        const int64_t n0 = q * F::kNR;
+        const int nc = static_cast<int>(std::min<int64_t>(F::kNR, p.N - n0));
+        const int nv = (nc + F::kLanes - 1) / F::kLanes;
+        TileArgs ta{};
+        ta.steps = kcp / F::kKStep;
+        ta.ldc64 = Np;
+        if constexpr (F::kBytes) {
+          int8_t* bp = b8.data() + q * kcp * F::kNR;
+          pack_bytes(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+#if QT_X86_DISPATCH
+          colsum_vnni(bp, kcp / 4, cs.data() + n0);
+#endif
+          ta.b = bp;
+          ta.ars = 4;
+          ta.aks = 4 * Mr;
+        } else {
+          int16_t* bp = b16.data() + q * kcp * F::kNR;
+          pack_pairs16(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+          ta.b = bp;
+          ta.ars = 1;
+          ta.aks = Mr;
+        }
+        for (int64_t m0 = 0; m0 < p.M; m0 += kMR) {
+          const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
+          if constexpr (F::kBytes) {
+            ta.a = a8.data() + 4 * m0;
+          } else {
+            ta.a = a16.data() + 2 * m0;
+          }
+          ta.c64 = c64.data() + m0 * Np + n0;
+          pick<F, true>(rows, nv)(ta);
+        }
+      }
+    }
+  });
+  // sum the partials (integers: any order gives the same result)
+  std::vector<int64_t>& acc = scratch[0].c64;
+  std::vector<int64_t> corr(static_cast<size_t>(Np), 0);
+  for (int t = 0; t < nt; ++t) {
+    const Scratch& sc = scratch[static_cast<size_t>(t)];
+    if (t > 0) {
+      for (size_t i = 0; i < acc.size(); ++i) acc[i] += sc.c64[i];
+    }
+    if (F::kBytes) {
+      for (int64_t n = 0; n < Np; ++n) corr[n] += 128 * sc.cs[n];
+    }
+  }
+  finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.bias, p.out, p.N);
+}
+
+// "tn" strategy: QTRAIN_GEMM_TN=split|rows forces one (tests and benchmarks), else auto.
+int tn_strategy() {
+  const char* env = std::getenv("QTRAIN_GEMM_TN");
+  if (env == nullptr) return 0;
+  if (std::strcmp(env, "split") == 0) return 1;
+  if (std::strcmp(env, "rows") == 0) return 2;
+  return 0;
+}
+
+template <class F>
+void gemm_family(const Problem& p) {
+  if (p.layout == 'T') {
+    // Split K when the output is small next to the inner dimension (the dW product).
+    const int64_t Mr = round_up(p.M, kMR);
+    const int64_t Np = round_up(p.N, F::kNR);
+    const int64_t threads = std::max(1, at::get_num_threads());
+    const bool small_out = Mr * Np * 8 * threads <= (int64_t{64} << 20);
+    const int64_t blocks = Mr / kMR;
+    const int forced = tn_strategy();
+    if (forced == 1 || (forced == 0 && small_out && (p.K >= 4096 || blocks < 2 * threads))) {
+      gemm_split_k<F>(p, Mr, Np);
+      return;
+    }
+  }
+  gemm_rows<F>(p);
+}
+
+// The output of a forward product is large (rows x hidden floats) and freshly allocated,
+// so writing it costs one page fault per 4 KiB; transparent huge pages cut that ~500x.
+// A hint on the 2 MiB-aligned interior of the buffer only: harmless if refused.
+void advise_huge_pages(void* p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
+  if (bytes < 4 * kHuge) return;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
+  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- op
+
+at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
+                     const std::string& layout, const std::optional<at::Tensor>& bias_in) {
+  constexpr const char* fn = "qtrain._ext.int8_gemm";
+  TORCH_CHECK_VALUE(layout == "nn" || layout == "nt" || layout == "tn", fn,
+                    ": layout must be one of 'nn', 'nt', 'tn', got '", layout, "'");
+  for (const auto* t : {&qa_in, &qb_in}) {
+    const char* name = t == &qa_in ? "qa" : "qb";
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kChar, fn, ": ", name, " must be int8, got ",
+                     t->scalar_type());
+    TORCH_CHECK_VALUE(t->dim() == 2, fn, ": ", name, " must be 2-d, got ", t->dim(), "-d");
+    TORCH_CHECK_VALUE(t->device().is_cpu(), fn, ": ", name, " must be a CPU tensor, got device ",
+                      t->device());
+    TORCH_CHECK_VALUE(t->layout() == at::kStrided, fn, ": ", name,
+                      " must be a dense (strided) tensor");
+  }
+  const char lay = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
+  const int64_t M = lay == 'T' ? qa_in.size(1) : qa_in.size(0);
+  const int64_t K = lay == 'T' ? qa_in.size(0) : qa_in.size(1);
+  const int64_t K2 = lay == 't' ? qb_in.size(1) : qb_in.size(0);
+  const int64_t N = lay == 't' ? qb_in.size(0) : qb_in.size(1);
+  TORCH_CHECK_VALUE(K == K2, fn, "('", layout, "'): inner dimensions differ: qa ", qa_in.sizes(),
+                    ", qb ", qb_in.sizes());
+  at::Tensor bias;
+  if (bias_in.has_value()) {
+    bias = *bias_in;
+    TORCH_CHECK_TYPE(at::isFloatingType(bias.scalar_type()), fn,
+                     ": bias must be a floating-point tensor, got ", bias.scalar_type());
+    TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == N, fn, ": bias must have shape (", N,
+                      ",), got ", bias.sizes());
+    TORCH_CHECK_VALUE(bias.device().is_cpu(), fn, ": bias must be a CPU tensor, got device ",
+                      bias.device());
+    bias = bias.to(at::kFloat).contiguous();
+  }
+  at::Tensor out = at::empty({M, N}, qa_in.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return out;
+  const at::Tensor qa = qa_in.contiguous();
+  const at::Tensor qb = qb_in.contiguous();
+
+  Problem p{};
+  p.a = qa.const_data_ptr<int8_t>();
+  p.b = qb.const_data_ptr<int8_t>();
+  p.M = M;
+  p.N = N;
+  p.K = K;
+  p.layout = lay;
+  p.scale = static_cast<float>(scale);
+  p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  p.out = out.mutable_data_ptr<float>();
+  advise_huge_pages(p.out, static_cast<size_t>(M * N) * sizeof(float));
+#if QT_X86_DISPATCH
+  switch (isa::variant()) {
+    case isa::kAvx512Vnni:
+      gemm_family<Vnni>(p);
+      return out;
+    case isa::kAvx512:
+    case isa::kAvx2:
+      gemm_family<Avx2>(p);
+      return out;
+    default:
+      break;
+  }
+#endif
+  gemm_family<Portable>(p);
+  return out;
+}
+
+}  // namespace qtrain
