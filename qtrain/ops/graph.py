@@ -2,16 +2,16 @@
 
 Built from the graph's COO (``gidx.edges``) with a stable sort, because DGL
 2.1 crashes converting a block (a bipartite mini-batch graph) to CSC under
-this torch. Each graph index is converted once and cached for as long as it
-lives: full-graph training converts once per run; mini-batch training once
-per block. Indices are int32 whenever the graph fits, halving the index
+this torch. Each graph is converted once and kept while it is among the most
+recently used: full-graph training converts once per run; mini-batch
+training once per block. Indices are int32 whenever the graph fits, halving the index
 traffic of the gathers.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +74,17 @@ def build_csr(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) 
     )
 
 
-def csr_from_gidx(gidx: Any) -> GraphCSR:
-    """CSR views of a single-relation DGL ``HeteroGraphIndex`` (a graph or a block)."""
+def _coo(gidx: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """(src, dst, eid, num_src, num_dst) of a single-relation graph index, zero-copy."""
     src_type, dst_type = gidx.metagraph.find_edge(0)
     src, dst, eid = gidx.edges(0)
+    return src, dst, eid, int(gidx.number_of_nodes(src_type)), int(gidx.number_of_nodes(dst_type))
+
+
+def csr_from_coo(
+    src: torch.Tensor, dst: torch.Tensor, eid: torch.Tensor, num_src: int, num_dst: int
+) -> GraphCSR:
+    """CSR views of DGL's COO arrays (put in edge-id order first if they are not)."""
     num_edges = int(src.numel())
     if num_edges and not torch.equal(eid, torch.arange(num_edges, device=eid.device)):
         by_id_src = torch.empty_like(src)
@@ -85,34 +92,46 @@ def csr_from_gidx(gidx: Any) -> GraphCSR:
         by_id_src[eid.long()] = src
         by_id_dst[eid.long()] = dst
         src, dst = by_id_src, by_id_dst
-    return build_csr(
-        src, dst, int(gidx.number_of_nodes(src_type)), int(gidx.number_of_nodes(dst_type))
-    )
+    return build_csr(src, dst, num_src, num_dst)
+
+
+def csr_from_gidx(gidx: Any) -> GraphCSR:
+    """CSR views of a single-relation DGL ``HeteroGraphIndex`` (a graph or a block)."""
+    return csr_from_coo(*_coo(gidx))
 
 
 class _CSRCache:
-    """GraphCSR per live graph index (weakly held: a dropped block frees its CSR)."""
+    """GraphCSR of the most recently used graphs.
 
-    def __init__(self) -> None:
+    DGL hands the primitives a different graph-index object from layer to
+    layer and epoch to epoch, but one graph's COO source and destination
+    arrays stay where they are; so the key is their addresses and sizes
+    (graphs whose edge ids are not 0..E-1 in COO order are not cached). The entry holds the arrays,
+    so their memory cannot be freed and reused by another graph while the
+    entry exists. Only the last few graphs are kept, which covers full-graph
+    training (one graph) and mini-batch training (one block per layer per step).
+    """
+
+    def __init__(self, capacity: int = 16) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[int, tuple[weakref.ReferenceType[Any], GraphCSR]] = {}
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple[int, ...], tuple[Any, GraphCSR]] = OrderedDict()
 
     def get(self, gidx: Any) -> GraphCSR:
-        key = id(gidx)
+        src, dst, eid, num_src, num_dst = _coo(gidx)
+        if src.numel() and not torch.equal(eid, torch.arange(src.numel(), device=eid.device)):
+            return csr_from_coo(src, dst, eid, num_src, num_dst)  # permuted ids: not cached
+        key = (src.data_ptr(), dst.data_ptr(), src.numel(), num_src, num_dst)
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry[0]() is gidx:
+            if entry is not None:
+                self._entries.move_to_end(key)
                 return entry[1]
-        csr = csr_from_gidx(gidx)
-
-        def forget(ref: weakref.ReferenceType[Any]) -> None:
-            with self._lock:
-                current = self._entries.get(key)
-                if current is not None and current[0] is ref:
-                    del self._entries[key]
-
+        csr = csr_from_coo(src, dst, eid, num_src, num_dst)
         with self._lock:
-            self._entries[key] = (weakref.ref(gidx, forget), csr)
+            self._entries[key] = ((src, dst), csr)
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
         return csr
 
     def clear(self) -> None:
