@@ -33,7 +33,7 @@
 // packs K-chunks of both operands and accumulates an int64 partial C; the
 // partials are summed at the end (integers: order-free, deterministic).
 // A large output buffer gets a transparent-huge-page hint before it is written
-// (advise_huge_pages): writing fresh 4 KiB pages otherwise costs as much as the
+// (advise_huge_pages, cpu_mem.h): writing fresh 4 KiB pages otherwise costs as much as the
 // arithmetic.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -54,11 +54,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 #include "cpu_isa.h"
+#include "cpu_mem.h"
 #include "qtrain_ops.h"
 
 #if QT_X86_DISPATCH
@@ -701,22 +699,6 @@ void gemm_family(const Problem& p) {
     }
   }
   gemm_rows<F>(p);
-}
-
-// The output of a forward product is large (rows x hidden floats) and freshly allocated,
-// so writing it costs one page fault per 4 KiB; transparent huge pages cut that ~500x.
-// A hint on the 2 MiB-aligned interior of the buffer only: harmless if refused.
-void advise_huge_pages(void* p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  if (bytes < 4 * kHuge) return;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
 }
 
 }  // namespace
