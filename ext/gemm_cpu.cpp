@@ -16,9 +16,9 @@
 //   int32 (|acc| <= K * 2^14, guaranteed for K <= 65536; larger K is summed in
 //   chunks into int64). Correct for every int8 value, -128 included.
 //   Tile: 6 rows x 64 columns (24 zmm accumulators).
-// * avx2 (also used by the avx512f variant): both operands sign-extended to
-//   int16 pairs, vpmaddwd (exact: |a0*b0 + a1*b1| <= 2^15) and vpaddd.
-//   Tile 6 x 16. No vpmaddubsw: it saturates.
+// * avx512f and avx2: both operands sign-extended to int16 pairs, vpmaddwd
+//   (exact: |a0*b0 + a1*b1| <= 2^15) and vpaddd. Tiles 6 x 64 (zmm) and 6 x 16
+//   (ymm). No vpmaddubsw: it saturates.
 // * default: the same int16-pair layout in portable C++.
 //
 // The micro-tiles are written with intrinsics per family rather than one portable
@@ -33,7 +33,7 @@
 // packs K-chunks of both operands and accumulates an int64 partial C; the
 // partials are summed at the end (integers: order-free, deterministic).
 // A large output buffer gets a transparent-huge-page hint before it is written
-// (advise_huge_pages): writing fresh 4 KiB pages otherwise costs as much as the
+// (advise_huge_pages, cpu_mem.h): writing fresh 4 KiB pages otherwise costs as much as the
 // arithmetic.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -54,11 +54,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
 
 #include "cpu_isa.h"
+#include "cpu_mem.h"
 #include "qtrain_ops.h"
 
 #if QT_X86_DISPATCH
@@ -249,6 +247,69 @@ QT_TARGET_AVX512VNNI void colsum_vnni(const int8_t* panel, int64_t steps, int64_
   }
 }
 
+// ---------------------------------------------------------------- avx512f (int16 pairs)
+
+// The AVX2 tile widened to zmm: 6 rows x 64 columns of vpmaddwd (AVX-512BW) without VNNI.
+template <int R, int NV, bool ACC64>
+QT_TARGET_AVX512 void tile_avx512(const TileArgs& t) {
+  __m512i acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_si512();
+  const int32_t* a = static_cast<const int32_t*>(t.a);
+  const int16_t* b = static_cast<const int16_t*>(t.b);
+  for (int64_t s = 0; s < t.steps; ++s) {
+    __m512i bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + 32 * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(a[r * t.ars]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        acc[r][v] = _mm512_add_epi32(acc[r][v], _mm512_madd_epi16(av, bv[v]));
+      }
+    }
+    a += t.aks;
+    b += kVnniNR * 2;
+  }
+  if constexpr (ACC64) {
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        int64_t* p = t.c64 + r * t.ldc64 + 16 * v;
+        const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[r][v]));
+        const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[r][v], 1));
+        _mm512_storeu_si512(p, _mm512_add_epi64(_mm512_loadu_si512(p), lo));
+        _mm512_storeu_si512(p + 8, _mm512_add_epi64(_mm512_loadu_si512(p + 8), hi));
+      }
+    }
+  } else {
+    const __m512 vs = _mm512_set1_ps(t.scale);
+    __m512 bias[NV];
+    __mmask16 mask[NV];
+    const bool full = t.ncols == 16 * NV;
+    for (int v = 0; v < NV; ++v) {
+      const int valid = t.ncols - 16 * v;
+      mask[v] = valid >= 16 ? static_cast<__mmask16>(0xffff)
+                            : static_cast<__mmask16>((1u << std::max(valid, 0)) - 1u);
+      bias[v] = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.bias + 16 * v)
+                                  : _mm512_setzero_ps();
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][v]), vs);
+        if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
+        if (full) {
+          _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
+        } else {
+          _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- avx2 (int16 pairs)
 
 constexpr int kPairNR = 16;  // columns of an int16-pair panel (avx2: 2 ymm; default: 16 ints)
@@ -346,6 +407,14 @@ struct Vnni {
   template <int R, int NV, bool ACC64>
   static void tile(const TileArgs& t) {
     tile_vnni<R, NV, ACC64>(t);
+  }
+};
+struct Avx512 {
+  static constexpr int kNR = kVnniNR, kLanes = 16, kNV = 4, kKStep = 2;
+  static constexpr bool kBytes = false, kDirectA = false;
+  template <int R, int NV, bool ACC64>
+  static void tile(const TileArgs& t) {
+    tile_avx512<R, NV, ACC64>(t);
   }
 };
 struct Avx2 {
@@ -703,22 +772,6 @@ void gemm_family(const Problem& p) {
   gemm_rows<F>(p);
 }
 
-// The output of a forward product is large (rows x hidden floats) and freshly allocated,
-// so writing it costs one page fault per 4 KiB; transparent huge pages cut that ~500x.
-// A hint on the 2 MiB-aligned interior of the buffer only: harmless if refused.
-void advise_huge_pages(void* p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  if (bytes < 4 * kHuge) return;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- op
@@ -778,6 +831,8 @@ at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double sc
       gemm_family<Vnni>(p);
       return out;
     case isa::kAvx512:
+      gemm_family<Avx512>(p);
+      return out;
     case isa::kAvx2:
       gemm_family<Avx2>(p);
       return out;

@@ -92,7 +92,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "int8 matrices qa and qb: layout 'nn' A[M,K] @ B[K,N], 'nt' A[M,K] @ B[N,K]^T, 'tn'\n"
         "A[K,M]^T @ B[K,N]. scale is fl32(scale_a * scale_b); bias (N,) float is added after\n"
         "the multiply. Bit-identical to qtrain.ops.gemm.reference_int8_gemm for any thread\n"
-        "count and ISA (avx512vnni: vpdpbusd; avx512f/avx2: vpmaddwd; default: portable).");
+        "count and ISA (avx512vnni: vpdpbusd; avx512f/avx2: vpmaddwd on zmm/ymm; default: portable).");
   m.def("info", &info,
         "Build and run-time facts: ISA in use, OpenMP threads, compiler, torch version.");
   m.def(

@@ -33,6 +33,7 @@
 #endif
 
 #include "cpu_isa.h"
+#include "cpu_mem.h"
 #include "qtrain_ops.h"
 #include "qtrain_rng.h"
 
@@ -228,6 +229,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, in
 
   const float* xp = x.const_data_ptr<float>();
   int8_t* qp = q.mutable_data_ptr<int8_t>();
+  advise_huge_pages(qp, static_cast<size_t>(n));
   const Kernels& K = kernels();
 
   // pass 1: absmax
