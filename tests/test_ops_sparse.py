@@ -8,7 +8,7 @@ absolute terms. Every ISA variant this CPU runs and 1 / 2 threads are checked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
@@ -80,23 +80,26 @@ def _q_shape(n: int, heads: int, width: int) -> tuple[int, ...]:
     return (n, width) if heads == 1 else (n, heads, width)
 
 
-def _assert_weighted_close(
-    out: torch.Tensor,
+def _weighted_check(
     indptr: torch.Tensor,
     indices: torch.Tensor,
     q: torch.Tensor,
     scale: torch.Tensor,
     weight: torch.Tensor,
     eids: torch.Tensor | None,
-) -> None:
-    """ext vs reference for the float-summed form: |diff| <= 2 (deg + 1) eps sum|terms|."""
+) -> Callable[[torch.Tensor], None]:
+    """A checker of ext output for the float-summed form: |diff| <= 2 (deg + 1) eps sum|terms|."""
     ref = reference_qspmm(indptr, indices, q, scale, weight, eids)
     terms = reference_qspmm(indptr, indices, q.abs(), scale, weight.abs(), eids)
     deg = (indptr[1:] - indptr[:-1]).to(torch.float32)
     deg = deg.reshape((-1,) + (1,) * (q.dim() - 1))
     tol = 2 * (deg + 1) * EPS32 * terms + 1e-30
-    assert out.shape == ref.shape and out.dtype == torch.float32
-    assert bool(((out - ref).abs() <= tol).all()), float((out - ref).abs().max())
+
+    def check(out: torch.Tensor) -> None:
+        assert out.shape == ref.shape and out.dtype == torch.float32
+        assert bool(((out - ref).abs() <= tol).all()), float((out - ref).abs().max())
+
+    return check
 
 
 # ------------------------------------------------------------------ SpMM
@@ -137,11 +140,11 @@ def test_weighted_spmm_matches_reference(
         q, scale = _quantized(_q_shape(40, heads, width), bits=8 - i % 7, seed=10 + i)
         for shape in shapes:
             w = torch.randn(shape, generator=gen)
+            check = _weighted_check(indptr, indices, q, scale, w, eids)
             for isa in isas:
                 ext.set_isa(isa)
                 torch.set_num_threads(1 + i % 2)
-                out = qspmm(indptr, indices, q, scale, w, eids, backend="ext-cpu")
-                _assert_weighted_close(out, indptr, indices, q, scale, w, eids)
+                check(qspmm(indptr, indices, q, scale, w, eids, backend="ext-cpu"))
 
 
 def test_spmm_thread_count_and_isa_do_not_change_bits(isas: list[str], threads: None) -> None:
@@ -162,7 +165,7 @@ def test_spmm_thread_count_and_isa_do_not_change_bits(isas: list[str], threads: 
         assert torch.equal(r, results[0])
     for r in results[3::2]:
         assert torch.equal(r, results[1])
-    _assert_weighted_close(results[0], indptr, indices, q, scale, w, eids)
+    _weighted_check(indptr, indices, q, scale, w, eids)(results[0])
 
 
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
@@ -225,15 +228,9 @@ def test_spmm_edge_cases(isas: list[str]) -> None:
         assert torch.equal(
             qspmm(indptr, indices, qt, 0.25), reference_qspmm(indptr, indices, qt, 0.25)
         )
-        _assert_weighted_close(
-            qspmm(indptr, indices, qt, torch.tensor(0.25), wt[:, :1]),
-            indptr,
-            indices,
-            qt,
-            torch.tensor(0.25),
-            wt[:, :1],
-            None,
-        )
+        quarter = torch.tensor(0.25)
+        check = _weighted_check(indptr, indices, qt, quarter, wt[:, :1], None)
+        check(qspmm(indptr, indices, qt, quarter, wt[:, :1]))
 
 
 def test_spmm_long_row_does_not_overflow_int32() -> None:
