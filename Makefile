@@ -35,8 +35,8 @@ test-fast: $(BUILT)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(DEPS)
-	$(BIN)/ruff check qtrain plugins tests setup.py
-	$(BIN)/ruff format --check qtrain plugins tests setup.py
+	$(BIN)/ruff check qtrain plugins tests bench setup.py
+	$(BIN)/ruff format --check qtrain plugins tests bench setup.py
 
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor
