@@ -1,8 +1,8 @@
 """Accuracy bar: 8-bit tango, and ``bits = "auto"``, within 1.0 point of FP32.
 
 Mean test accuracy (at the best validation epoch) over seeds 0, 1, 2 with the
-example recipes exactly as shipped, on the real Planetoid splits, for GCN,
-GAT and GraphSAGE on Cora and Citeseer; the FP32 runs use the same seeds.
+example recipes exactly as shipped, on the real Planetoid splits; the FP32
+runs use the same seeds.
 Reads ../shared/datasets (skipped without it). ``pytest -s`` prints the table.
 """
 
