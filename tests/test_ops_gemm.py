@@ -40,14 +40,6 @@ def _ext() -> ModuleType:
 
 
 @pytest.fixture
-def threads() -> Iterator[None]:
-    """Restore torch's thread count after a test changes it."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def isa_restored() -> Iterator[ModuleType]:
     """The extension, with its ISA variant restored after the test."""
     ext = _ext()

@@ -39,14 +39,6 @@ def _ext() -> ModuleType:
 
 
 @pytest.fixture
-def threads() -> Iterator[None]:
-    """Restore torch's thread count after a test changes it."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def isas() -> Iterator[list[str]]:
     """Every ISA variant this CPU runs; the variant in use is restored afterwards."""
     ext = _ext()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,14 +25,6 @@ def _ext():
     if not backends.available("ext-cpu"):
         pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
     return backends.ext_cpu()
-
-
-@pytest.fixture
-def threads() -> Iterator[None]:
-    """Restore torch's thread count after a test changes it."""
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------ reference
