@@ -23,6 +23,15 @@
 #define QT_X86_DISPATCH 0
 #endif
 
+// A kernel file defines one table per variant, PREFIX##default, PREFIX##avx2 and
+// PREFIX##avx512 (the x86 ones only where QT_X86_DISPATCH); this picks the one to run.
+#if QT_X86_DISPATCH
+#define QT_SELECT_VARIANT(PREFIX) \
+  (::qtrain::isa::select(PREFIX##default, PREFIX##avx2, PREFIX##avx512))
+#else
+#define QT_SELECT_VARIANT(PREFIX) (PREFIX##default)
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define QT_ALWAYS_INLINE inline __attribute__((always_inline))
 #else
@@ -51,6 +60,19 @@ int current();
 int variant();
 // Force a variant by name; throws c10::ValueError if unknown or unsupported. Returns the previous.
 std::string set(const std::string& name);
+
+// The table of kernels for the vector family in use (see QT_SELECT_VARIANT).
+template <typename T>
+const T& select(const T& portable, const T& avx2, const T& avx512) {
+  switch (current()) {
+    case kAvx512:
+      return avx512;
+    case kAvx2:
+      return avx2;
+    default:
+      return portable;
+  }
+}
 
 }  // namespace isa
 }  // namespace qtrain

@@ -153,9 +153,53 @@ void pack_pairs16(const int8_t* src, int64_t s_k, int64_t s_x, int64_t K, int64_
 #if QT_X86_DISPATCH
 constexpr int kVnniNR = 64;  // 4 zmm of 16 int32 lanes
 
-QT_ALWAYS_INLINE QT_TARGET_AVX512VNNI __mmask16 lanes_mask(int valid) {
+QT_ALWAYS_INLINE QT_TARGET_AVX512 __mmask16 lanes_mask(int valid) {
   return valid >= 16 ? static_cast<__mmask16>(0xffff)
                      : static_cast<__mmask16>((1u << std::max(valid, 0)) - 1u);
+}
+
+// Epilogue of the zmm tiles (VNNI and avx512f): with ACC64, widen the int32 sums
+// and add them into the int64 accumulator (split-K); else store
+// fl32(float(acc - corr) * scale) (+ bias), where CORR subtracts VNNI's u8-offset
+// column correction. Masked stores only on a partial last panel (they are slower).
+template <int R, int NV, bool ACC64, bool CORR>
+QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], const TileArgs& t) {
+  if constexpr (ACC64) {
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        int64_t* p = t.c64 + r * t.ldc64 + 16 * v;
+        const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[r][v]));
+        const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[r][v], 1));
+        _mm512_storeu_si512(p, _mm512_add_epi64(_mm512_loadu_si512(p), lo));
+        _mm512_storeu_si512(p + 8, _mm512_add_epi64(_mm512_loadu_si512(p + 8), hi));
+      }
+    }
+  } else {
+    const __m512 vs = _mm512_set1_ps(t.scale);
+    __m512i corr[NV];
+    __m512 bias[NV];
+    __mmask16 mask[NV];
+    const bool full = t.ncols == 16 * NV;
+    for (int v = 0; v < NV; ++v) {
+      mask[v] = lanes_mask(t.ncols - 16 * v);
+      if constexpr (CORR) corr[v] = _mm512_loadu_si512(t.corr + 16 * v);
+      bias[v] = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.bias + 16 * v)
+                                  : _mm512_setzero_ps();
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int v = 0; v < NV; ++v) {
+        __m512i sum = acc[r][v];
+        if constexpr (CORR) sum = _mm512_sub_epi32(sum, corr[v]);
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), vs);
+        if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
+        if (full) {
+          _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
+        } else {
+          _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
+        }
+      }
+    }
+  }
 }
 
 template <int R, int NV, bool ACC64>
@@ -189,41 +233,7 @@ QT_TARGET_AVX512VNNI void tile_vnni(const TileArgs& t) {
       b += kVnniNR * 4;
     }
   }
-  if constexpr (ACC64) {
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < NV; ++v) {
-        int64_t* p = t.c64 + r * t.ldc64 + 16 * v;
-        const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[r][v]));
-        const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[r][v], 1));
-        _mm512_storeu_si512(p, _mm512_add_epi64(_mm512_loadu_si512(p), lo));
-        _mm512_storeu_si512(p + 8, _mm512_add_epi64(_mm512_loadu_si512(p + 8), hi));
-      }
-    }
-  } else {
-    const __m512 vs = _mm512_set1_ps(t.scale);
-    __m512i corr[NV];
-    __m512 bias[NV];
-    __mmask16 mask[NV];
-    const bool full = t.ncols == 16 * NV;  // masked stores are slower: only for the last panel
-    for (int v = 0; v < NV; ++v) {
-      mask[v] = lanes_mask(t.ncols - 16 * v);
-      corr[v] = _mm512_loadu_si512(t.corr + 16 * v);
-      bias[v] = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.bias + 16 * v)
-                                  : _mm512_setzero_ps();
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < NV; ++v) {
-        __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][v], corr[v]));
-        f = _mm512_mul_ps(f, vs);
-        if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
-        if (full) {
-          _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
-        } else {
-          _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
-        }
-      }
-    }
-  }
+  store_tile_zmm<R, NV, ACC64, true>(acc, t);
 }
 
 // colsum[c] += sum over the panel's k of B[k][c], via vpdpbusd with an all-ones u8 operand.
@@ -274,40 +284,7 @@ QT_TARGET_AVX512 void tile_avx512(const TileArgs& t) {
     a += t.aks;
     b += kVnniNR * 2;
   }
-  if constexpr (ACC64) {
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < NV; ++v) {
-        int64_t* p = t.c64 + r * t.ldc64 + 16 * v;
-        const __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc[r][v]));
-        const __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc[r][v], 1));
-        _mm512_storeu_si512(p, _mm512_add_epi64(_mm512_loadu_si512(p), lo));
-        _mm512_storeu_si512(p + 8, _mm512_add_epi64(_mm512_loadu_si512(p + 8), hi));
-      }
-    }
-  } else {
-    const __m512 vs = _mm512_set1_ps(t.scale);
-    __m512 bias[NV];
-    __mmask16 mask[NV];
-    const bool full = t.ncols == 16 * NV;
-    for (int v = 0; v < NV; ++v) {
-      const int valid = t.ncols - 16 * v;
-      mask[v] = valid >= 16 ? static_cast<__mmask16>(0xffff)
-                            : static_cast<__mmask16>((1u << std::max(valid, 0)) - 1u);
-      bias[v] = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.bias + 16 * v)
-                                  : _mm512_setzero_ps();
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int v = 0; v < NV; ++v) {
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][v]), vs);
-        if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
-        if (full) {
-          _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
-        } else {
-          _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
-        }
-      }
-    }
-  }
+  store_tile_zmm<R, NV, ACC64, false>(acc, t);
 }
 
 // ---------------------------------------------------------------- avx2 (int16 pairs)

@@ -34,6 +34,7 @@
 
 #include "cpu_isa.h"
 #include "cpu_mem.h"
+#include "cpu_threads.h"
 #include "qtrain_ops.h"
 #include "qtrain_rng.h"
 
@@ -130,29 +131,14 @@ QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2)
 QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
 #endif
 
-const Kernels& kernels() {
-#if QT_X86_DISPATCH
-  switch (isa::current()) {
-    case isa::kAvx512:
-      return kernels_avx512;
-    case isa::kAvx2:
-      return kernels_avx2;
-    default:
-      break;
-  }
-#endif
-  return kernels_default;
-}
+const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 // ---------------------------------------------------------------- threading
 
-constexpr int64_t kGrain = int64_t{1} << 16;  // elements per thread at least
-
-int plan_threads(int64_t n) {
-  const int64_t want = (n + kGrain - 1) / kGrain;
-  const int64_t have = std::max(1, at::get_num_threads());
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, have)));
-}
+// Elements per thread at least. One thread quantizes 1M floats in about half a
+// millisecond, so smaller tensors (GAT's [N, heads, 1] attention terms) are not
+// worth a parallel region that a busy second core can stall.
+constexpr int64_t kGrain = int64_t{1} << 20;
 
 // Contiguous range of thread t of T, boundaries on 64-element multiples.
 std::pair<int64_t, int64_t> split(int64_t n, int t, int T) {
@@ -162,10 +148,10 @@ std::pair<int64_t, int64_t> split(int64_t n, int t, int T) {
   return {b, std::min(n, b + chunk)};
 }
 
-// Run body(thread, begin, end) over [0, n) on up to plan_threads(n) OpenMP threads.
+// Run body(thread, begin, end) over [0, n) on up to plan_threads(n, kGrain) OpenMP threads.
 template <typename F>
 void parallel_ranges(int64_t n, const F& body) {
-  const int nt = plan_threads(n);
+  const int nt = plan_threads(n, kGrain);
 #ifdef _OPENMP
   if (nt > 1) {
 #pragma omp parallel num_threads(nt)
@@ -233,7 +219,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, in
   const Kernels& K = kernels();
 
   // pass 1: absmax
-  std::vector<uint32_t> partial(static_cast<size_t>(plan_threads(n)), 0u);
+  std::vector<uint32_t> partial(static_cast<size_t>(plan_threads(n, kGrain)), 0u);
   parallel_ranges(n, [&](int t, int64_t b, int64_t e) {
     partial[static_cast<size_t>(t)] = K.absmax_bits(xp + b, e - b);
   });

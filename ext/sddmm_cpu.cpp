@@ -23,6 +23,8 @@
 #include <vector>
 
 #include "cpu_isa.h"
+#include "cpu_mem.h"
+#include "cpu_threads.h"
 #include "qtrain_ops.h"
 #include "sparse_common.h"
 
@@ -293,19 +295,7 @@ QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2, isa::kAvx2)
 QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512)
 #endif
 
-const Kernels& kernels() {
-#if QT_X86_DISPATCH
-  switch (isa::current()) {
-    case isa::kAvx512:
-      return kernels_avx512;
-    case isa::kAvx2:
-      return kernels_avx2;
-    default:
-      break;
-  }
-#endif
-  return kernels_default;
-}
+const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 int parse_op(const char* fn, const std::string& op) {
   if (op == "add") return kAdd;
@@ -355,7 +345,7 @@ at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double
   a.ql = ql.const_data_ptr<int8_t>();
   a.qr = qr.const_data_ptr<int8_t>();
   a.out = out.mutable_data_ptr<float>();
-  sparse::advise_huge_pages(a.out, out.numel() * static_cast<int64_t>(sizeof(float)));
+  advise_huge_pages(a.out, static_cast<size_t>(out.numel()) * sizeof(float));
   a.n_l = ql.size(0);
   a.n_r = qr.size(0);
   a.F = H * D;
@@ -367,7 +357,7 @@ at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double
 
   const Kernels& K = kernels();
   const auto run = wide ? K.edges_i64 : K.edges_i32;
-  const int nt = sparse::plan_threads(E * (a.F + 4), 1 << 16);
+  const int nt = plan_threads(E * (a.F + 4), 1 << 16);
   std::atomic<bool> ok{true};
 #ifdef _OPENMP
   if (nt > 1) {

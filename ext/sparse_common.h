@@ -7,7 +7,6 @@
 // so every variant gives the same bits.
 #pragma once
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -16,11 +15,9 @@
 #include <cstring>
 #include <string>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "cpu_isa.h"
+#include "cpu_mem.h"
+#include "cpu_threads.h"
 
 #if QT_X86_DISPATCH
 #include <immintrin.h>
@@ -101,32 +98,6 @@ struct Lanes<isa::kAvx512> {
 
 // Largest row degree whose int8 sum always fits in int32 (127 * d < 2^31, -128 too).
 constexpr int64_t kMaxDegreeInt32 = (int64_t{1} << 31) / 128 - 1;
-
-// OpenMP team size for `work` units of roughly `grain` each (torch's thread setting caps it).
-inline int plan_threads(int64_t work, int64_t grain) {
-  const int64_t want = (work + grain - 1) / grain;
-  const int64_t have = std::max(1, at::get_num_threads());
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, have)));
-}
-
-// Ask for transparent huge pages on a fresh output buffer before it is first
-// written. Outputs here are tens of MB (E x H floats) that malloc maps fresh
-// on every call; with 4 KiB pages the first-touch page faults cost as much as
-// the kernel itself, with 2 MiB pages a few hundred times fewer faults. Only
-// where THP is in "madvise" mode does this change anything; errors are ignored.
-inline void advise_huge_pages(void* p, int64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t{1} << 21;
-  if (bytes < static_cast<int64_t>(4 * kHuge)) return;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
-  const uintptr_t e = end & ~(kHuge - 1);
-  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
 
 inline void check_cpu_dense(const char* fn, const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), fn, ": ", name, " must be a CPU tensor, got device ",

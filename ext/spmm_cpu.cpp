@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "cpu_isa.h"
+#include "cpu_mem.h"
+#include "cpu_threads.h"
 #include "qtrain_ops.h"
 #include "sparse_common.h"
 
@@ -285,19 +287,7 @@ QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2, isa::kAvx2, 8)
 QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512, 8)
 #endif
 
-const Kernels& kernels() {
-#if QT_X86_DISPATCH
-  switch (isa::current()) {
-    case isa::kAvx512:
-      return kernels_avx512;
-    case isa::kAvx2:
-      return kernels_avx2;
-    default:
-      break;
-  }
-#endif
-  return kernels_default;
-}
+const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 // indptr must start at 0, never decrease and end at nnz (checked before any thread starts).
 template <typename I>
@@ -388,7 +378,7 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   a.q = q.const_data_ptr<int8_t>();
   a.w = weighted ? w.const_data_ptr<float>() : nullptr;
   a.out = out.mutable_data_ptr<float>();
-  sparse::advise_huge_pages(a.out, out.numel() * static_cast<int64_t>(sizeof(float)));
+  advise_huge_pages(a.out, static_cast<size_t>(out.numel()) * sizeof(float));
   a.nnz = nnz;
   a.n_in = q.size(0);
   a.n_w = weighted ? w.size(0) : 0;
@@ -401,7 +391,7 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   const Kernels& K = kernels();
   const auto run = wide ? K.rows_i64 : K.rows_i32;
   const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
-  const int nt = sparse::plan_threads(nnz * std::max<int64_t>(a.F, 1) + rows * a.F, 1 << 16);
+  const int nt = plan_threads(nnz * std::max<int64_t>(a.F, 1) + rows * a.F, 1 << 16);
   std::atomic<bool> ok{true};
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
