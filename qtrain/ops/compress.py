@@ -1,0 +1,102 @@
+"""Activation compression ops with backend dispatch (see ``qtrain.ops.dispatch``).
+
+The math is defined once in :mod:`qtrain.quant.rowwise` (per-row quantization,
+bit packing) and :mod:`qtrain.quant.projection` (the Rademacher matrix); these
+wrappers validate arguments once, pick a backend per call and count it under
+the primitive names ``compress`` / ``decompress`` / ``pack`` / ``unpack`` /
+``rademacher``. Backends agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtrain import backends
+from qtrain.ops import dispatch
+from qtrain.quant import projection
+from qtrain.quant import rowwise as ref
+from qtrain.quant.rng import check_counter_range, normalize_seed
+
+# compiled backends implementing each primitive
+COMPRESS_KERNELS: tuple[str, ...] = ()
+
+
+def quantize_rows(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "stochastic",
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row ``bits``-bit quantization of float32 ``x [rows, width]``, packed.
+
+    Returns ``(packed uint8 [ceil(rows*width*bits/8)], zero bf16 [rows], range bf16 [rows])``.
+    """
+    bits = ref.check_pack_bits(bits)
+    if rounding not in ref.ROUNDINGS:
+        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    seed = normalize_seed(seed)
+    check_counter_range(x.numel(), offset)
+    chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().quantize_rows(x, bits, rounding == "stochastic", seed, int(offset))
+    else:
+        out = ref.quantize_rows(x, bits, rounding, seed, offset)
+    dispatch.COUNTER.record("compress", chosen)
+    return out
+
+
+def dequantize_rows(
+    packed: torch.Tensor,
+    zero: torch.Tensor,
+    rng: torch.Tensor,
+    bits: int,
+    width: int,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """float32 ``[rows, width]`` back from :func:`quantize_rows`."""
+    bits = ref.check_pack_bits(bits)
+    chosen = dispatch.resolve("decompress", packed, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().dequantize_rows(packed, zero, rng, bits, int(width))
+    else:
+        out = ref.dequantize_rows(packed, zero, rng, bits, width)
+    dispatch.COUNTER.record("decompress", chosen)
+    return out
+
+
+def pack_mask(mask: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """A bool tensor as a dense bit stream, 1 bit per element."""
+    chosen = dispatch.resolve("pack", mask, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
+    else:
+        out = ref.pack_bits(mask, 1)
+    dispatch.COUNTER.record("pack", chosen)
+    return out
+
+
+def unpack_mask(packed: torch.Tensor, n: int, backend: str = "auto") -> torch.Tensor:
+    """The first ``n`` bits of a stream from :func:`pack_mask`, as a flat bool tensor."""
+    chosen = dispatch.resolve("unpack", packed, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().unpack_bits(packed, 1, int(n))
+    else:
+        out = ref.unpack_bits(packed, 1, n)
+    dispatch.COUNTER.record("unpack", chosen)
+    return out.view(torch.bool)
+
+
+def rademacher(
+    d: int, k: int, seed: int = 0, offset: int = 0, backend: str = "auto"
+) -> torch.Tensor:
+    """The float32 ``[d, k]`` normalized Rademacher matrix (see :mod:`qtrain.quant.projection`)."""
+    probe = torch.empty(0)
+    chosen = dispatch.resolve("rademacher", probe, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().rademacher(int(d), int(k), normalize_seed(seed), int(offset))
+    else:
+        out = projection.rademacher(d, k, seed, offset)
+    dispatch.COUNTER.record("rademacher", chosen)
+    return out

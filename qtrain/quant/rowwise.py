@@ -1,0 +1,175 @@
+"""Per-row activation compression (exact-iclr22 section 3 and appendix F): the reference.
+
+EXACT stores each saved activation row ``h`` (a node's embedding) as ``bits``-bit
+integers relative to the row's own zero point and range, bit-packed, and
+dequantizes it for backward. Every compiled backend must reproduce these
+functions bit for bit, so each step is the float32 operation it names::
+
+    B      = 2^bits - 1                      bits in {1, 2, 4, 8}
+    zero   = bf16_floor(min(h))              stored as bfloat16, never above min(h)
+    range  = bf16_ceil(fl32(max(h) - zero))  stored as bfloat16, so zero + range >= max(h)
+    inv    = fl32(B / range)                 0 when range == 0
+    v      = fl32(fl32(h - zero) * inv)      in [0, B] up to rounding
+    stochastic: q = clamp(floor(fl32(v + u_i)), 0, B)    u_i = counter_uniform(seed, offset + i)
+    nearest:    q = clamp(rint(v), 0, B)                 ties to even
+    dequantized: h_hat = fl32(fl32(float(q) * step) + zero),  step = fl32(range / B)
+
+Rounding the zero point down and the range up *before* quantizing keeps the
+stored (bfloat16) values the ones the integers were computed against, so the
+stochastic rounding stays unbiased (Proposition 1) instead of being off by the
+bfloat16 rounding of a min or max. ``i`` is the element's flat index in the
+row-major ``[rows, width]`` view. Inputs must be finite.
+
+Packing (:func:`pack_bits`) writes the integers of the flattened tensor as one
+dense little-endian bit stream: element ``i`` occupies bits ``(i*bits) % 8 ..``
+of byte ``(i*bits) // 8``; the last byte is zero-padded. Rows do not start on
+byte boundaries, so a 2-bit value really costs 2 bits for any width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qtrain.quant.rng import check_counter_range, counter_uniform, normalize_seed
+
+PACK_BITS = (1, 2, 4, 8)
+ROUNDINGS = ("stochastic", "nearest")
+
+
+def check_pack_bits(bits: object) -> int:
+    """Return ``bits`` if it is one of 1, 2, 4, 8, else raise ValueError naming them."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in PACK_BITS:
+        raise ValueError(f"bits must be one of 1, 2, 4, 8, got {bits!r}")
+    return bits
+
+
+def packed_size(n: int, bits: int) -> int:
+    """Bytes that ``n`` values of ``bits`` bits take when packed."""
+    return (n * check_pack_bits(bits) + 7) // 8
+
+
+# ---------------------------------------------------------------- bit packing
+
+
+def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack uint8 ``values`` (each < 2^bits, any shape, taken flat) into a uint8 byte stream."""
+    bits = check_pack_bits(bits)
+    if values.dtype not in (torch.uint8, torch.bool):
+        raise TypeError(f"values must be uint8 or bool, got {values.dtype}")
+    flat = values.reshape(-1).to(torch.uint8)
+    if bits == 8:
+        return flat.clone()
+    per = 8 // bits
+    n = flat.numel()
+    padded = torch.zeros(packed_size(n, bits) * per, dtype=torch.uint8, device=flat.device)
+    padded[:n] = flat & ((1 << bits) - 1)
+    lanes = padded.reshape(-1, per).to(torch.int32)
+    shifts = torch.arange(per, dtype=torch.int32, device=flat.device) * bits
+    return (lanes << shifts).sum(dim=1).to(torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """The first ``n`` values (uint8, flat) of a stream written by :func:`pack_bits`."""
+    bits = check_pack_bits(bits)
+    if packed.dtype != torch.uint8 or packed.dim() != 1:
+        raise TypeError(
+            f"packed must be a 1-d uint8 tensor, got {packed.dtype} {tuple(packed.shape)}"
+        )
+    if packed.numel() < packed_size(n, bits):
+        raise ValueError(
+            f"packed has {packed.numel()} bytes, {n} values of {bits} bits need "
+            f"{packed_size(n, bits)}"
+        )
+    if bits == 8:
+        return packed[:n].clone()
+    per = 8 // bits
+    shifts = torch.arange(per, dtype=torch.int32, device=packed.device) * bits
+    lanes = (packed.to(torch.int32)[:, None] >> shifts) & ((1 << bits) - 1)
+    return lanes.reshape(-1)[:n].to(torch.uint8)
+
+
+# ---------------------------------------------------------------- bfloat16 with a direction
+
+
+def bf16_floor(x: torch.Tensor) -> torch.Tensor:
+    """The largest bfloat16 value <= x (float32 in, bfloat16 out; finite x)."""
+    bits = x.to(torch.float32).view(torch.int32)
+    trunc = bits & ~0xFFFF  # toward zero
+    inexact = trunc != bits
+    # below zero, toward zero is upward: step the magnitude up one bfloat16 ulp
+    stepped = torch.where(inexact & (bits < 0), trunc + 0x10000, trunc)
+    return stepped.view(torch.float32).to(torch.bfloat16)
+
+
+def bf16_ceil(x: torch.Tensor) -> torch.Tensor:
+    """The smallest bfloat16 value >= x, for x >= 0 (float32 in, bfloat16 out)."""
+    bits = x.to(torch.float32).view(torch.int32)
+    trunc = bits & ~0xFFFF
+    stepped = torch.where(trunc != bits, trunc + 0x10000, trunc)
+    return stepped.view(torch.float32).to(torch.bfloat16)
+
+
+# ---------------------------------------------------------------- rows
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() != 2:
+        raise TypeError(
+            f"x must be a 2-d float32 tensor [rows, width], got "
+            f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}"
+        )
+    return x.contiguous()
+
+
+def quantize_rows(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "stochastic",
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize each row of float32 ``x [rows, width]``: ``(packed uint8, zero bf16, range bf16)``."""
+    bits = check_pack_bits(bits)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    x = _as_rows(x)
+    seed = normalize_seed(seed)
+    check_counter_range(x.numel(), offset)
+    rows, width = x.shape
+    if rows == 0 or width == 0:
+        empty16 = torch.zeros(rows, dtype=torch.bfloat16, device=x.device)
+        return torch.zeros(0, dtype=torch.uint8, device=x.device), empty16, empty16.clone()
+    levels = (1 << bits) - 1
+    zero = bf16_floor(x.amin(dim=1))
+    zero32 = zero.to(torch.float32)
+    rng = bf16_ceil(x.amax(dim=1) - zero32)
+    rng32 = rng.to(torch.float32)
+    # tensor / tensor: a correctly rounded division (a scalar divisor may become a reciprocal)
+    inv = torch.where(rng32 > 0, torch.full_like(rng32, levels) / rng32, torch.zeros_like(rng32))
+    v = (x - zero32[:, None]) * inv[:, None]
+    if rounding == "nearest":
+        r = torch.round(v)
+    else:
+        u = counter_uniform(x.numel(), seed, offset, device=x.device).reshape(x.shape)
+        r = torch.floor(v + u)
+    q = torch.clamp(r, 0, levels).to(torch.uint8)
+    return pack_bits(q, bits), zero, rng
+
+
+def dequantize_rows(
+    packed: torch.Tensor,
+    zero: torch.Tensor,
+    rng: torch.Tensor,
+    bits: int,
+    width: int,
+) -> torch.Tensor:
+    """float32 ``[rows, width]`` rows back from :func:`quantize_rows`'s output."""
+    bits = check_pack_bits(bits)
+    if zero.dtype != torch.bfloat16 or rng.dtype != torch.bfloat16 or zero.shape != rng.shape:
+        raise TypeError("zero and range must be bfloat16 tensors of one shape [rows]")
+    rows = zero.numel()
+    levels = (1 << bits) - 1
+    q = unpack_bits(packed, bits, rows * width).reshape(rows, width)
+    rng32 = rng.to(torch.float32)
+    step = rng32 / torch.full_like(rng32, levels)
+    return q.to(torch.float32) * step[:, None] + zero.to(torch.float32)[:, None]
