@@ -77,16 +77,17 @@ class NoOptions:
     """A plugin that takes no options."""
 
 
-class _DenseMode(TorchFunctionMode):
-    """Routes the dense products in DENSE_FUNCTIONS to a plugin's handler."""
+class _FunctionMode(TorchFunctionMode):
+    """Routes the torch functions in ``table`` (function -> kind) to a plugin's handler."""
 
-    def __init__(self, handler: DenseHandler) -> None:
+    def __init__(self, table: dict[Callable[..., Any], str], handler: DenseHandler) -> None:
         super().__init__()
+        self.table = table
         self.handler = handler
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        kind = DENSE_FUNCTIONS.get(func)
+        kind = self.table.get(func)
         if kind is None:
             return func(*args, **kwargs)
         return self.handler(kind, func, args, kwargs)
@@ -147,7 +148,11 @@ class Patcher:
 
     def dense(self, handler: DenseHandler) -> None:
         """Send dense products to ``handler(kind, func, args, kwargs)`` while active."""
-        mode = _DenseMode(handler)
+        self.functions(DENSE_FUNCTIONS, handler)
+
+    def functions(self, table: dict[Callable[..., Any], str], handler: DenseHandler) -> None:
+        """Send calls of the torch functions in ``table`` to ``handler(kind, func, args, kwargs)``."""
+        mode = _FunctionMode(table, handler)
         mode.__enter__()
         self._modes.append(mode)
 

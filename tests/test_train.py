@@ -113,7 +113,8 @@ def test_run_directory_layout_and_summary(tmp_path: Path) -> None:
         "synthetic-small",
     )
     assert summary["seed"] == 0 and summary["num_params"] > 0
-    assert summary["peak_memory_bytes"] > 0 and "ru_maxrss" in summary["peak_memory_source"]
+    assert summary["peak_memory_bytes"] > 0 and "per step" in summary["peak_memory_source"]
+    assert summary["activation_bytes"] > 0 and summary["process_peak_memory_bytes"] > 0
     assert 0.0 <= summary["test_acc"] <= 1.0 and 0.0 <= summary["val_acc"] <= 1.0
 
     records = read_metrics(run_dir)

@@ -53,22 +53,40 @@ def _saved(
     policy: QuantPolicy,
     tensors: tuple[torch.Tensor, ...],
     quantized: tuple[tuple[torch.Tensor, torch.Tensor], ...],
+    extra: tuple[torch.Tensor | None, ...] = (),
 ) -> None:
-    """Keep the quantized operands (cache on) or the float ones (cache off) for backward."""
+    """Save for backward the quantized operands (cache on) or the float ones (cache off), then ``extra``.
+
+    Everything goes through ``save_for_backward``, so saved-tensor hooks (the
+    activation-memory meter, the ``exact`` plugin) see what tango keeps.
+    """
     ctx.policy = policy
-    if policy.cache is not None:
-        ctx.quantized = list(quantized)
-    else:
-        ctx.quantized = None
-        ctx.save_for_backward(*tensors)
+    ctx.n_operands = len(tensors)
+    ctx.keeps_quantized = policy.cache is not None
+    kept = [t for pair in quantized for t in pair] if ctx.keeps_quantized else list(tensors)
+    ctx.save_for_backward(*kept, *extra)
+
+
+def _unpacked(ctx: Any) -> tuple[list[Any], list[Any]]:
+    """(the saved operands as stored, the extra tensors); reads ``saved_tensors`` once."""
+    saved = list(ctx.saved_tensors)
+    width = 2 * ctx.n_operands if ctx.keeps_quantized else ctx.n_operands
+    return saved[:width], saved[width:]
+
+
+def _operands(ctx: Any, stored: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The quantized operands: reused from forward (cache on) or quantized now (cache off)."""
+    policy: QuantPolicy = ctx.policy
+    if ctx.keeps_quantized:
+        pairs = [(stored[i], stored[i + 1]) for i in range(0, len(stored), 2)]
+        for _ in pairs:
+            policy.note_reuse()
+        return pairs
+    return [policy.fresh(t) for t in stored]
 
 
 def _restored(ctx: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if ctx.quantized is not None:
-        for _ in ctx.quantized:
-            ctx.policy.note_reuse()
-        return list(ctx.quantized)
-    return [ctx.policy.fresh(t) for t in ctx.saved_tensors]
+    return _operands(ctx, _unpacked(ctx)[0])
 
 
 # ---------------------------------------------------------------- GEMM
@@ -155,8 +173,7 @@ class QuantSpMM(torch.autograd.Function):
         )
         ctx.csr = csr
         ctx.w_shape = None if w is None else w.shape
-        _saved(ctx, policy, (x,), ((qx, sx),))
-        ctx.w = None if w is None else w.detach()
+        _saved(ctx, policy, (x,), ((qx, sx),), (None if w is None else w.detach(),))
         return out
 
     @staticmethod
@@ -165,6 +182,7 @@ class QuantSpMM(torch.autograd.Function):
             csr: GraphCSR = ctx.csr
             policy: QuantPolicy = ctx.policy
             qg, sg = policy.fresh(grad.contiguous())
+            stored, (w,) = _unpacked(ctx)
             dx = dw = None
             if ctx.needs_input_grad[2]:
                 dx = qspmm(
@@ -172,12 +190,12 @@ class QuantSpMM(torch.autograd.Function):
                     csr.out_indices,
                     qg,
                     sg,
-                    weight=ctx.w,
+                    weight=w,
                     eids=csr.out_eids,
                     backend=policy.backend,
                 )
-            if ctx.w is not None and ctx.needs_input_grad[3]:
-                ((qx, sx),) = _restored(ctx)
+            if w is not None and ctx.needs_input_grad[3]:
+                ((qx, sx),) = _operands(ctx, stored)
                 dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
                 dw = _reduce_to(dots, ctx.w_shape)
         return None, None, dx, dw

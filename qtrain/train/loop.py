@@ -23,6 +23,7 @@ import torch
 from qtrain._compat import import_dgl
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
 from qtrain.models.base import GNNModel
+from qtrain.train.activations import ActivationMeter
 from qtrain.train.metrics import loss_function, metric_function
 from qtrain.train.progress import Reporter
 from qtrain.train.rundir import RunDir
@@ -58,6 +59,21 @@ class TrainState:
             "final_loss": self.last_loss,
             "stopped_early": self.stopped_early,
         }
+
+
+def graph_tensors(graph: Any) -> list[torch.Tensor]:
+    """The feature tensors a DGL graph or block carries (node and edge data)."""
+    frames = (
+        ("srcdata", "dstdata", "edata") if getattr(graph, "is_block", False) else ("ndata", "edata")
+    )
+    found: list[torch.Tensor] = []
+    for frame in frames:
+        try:
+            values = list(getattr(graph, frame).values())
+        except Exception:  # heterographs keep per-type dicts; those are not model inputs here
+            continue
+        found.extend(v for v in values if isinstance(v, torch.Tensor))
+    return found
 
 
 @contextmanager
@@ -153,6 +169,9 @@ class Trainer:
                 num_workers=0,
             )
 
+        self.meter = ActivationMeter(model.parameters(), device)
+        self._step_inputs = [self.feat, self.labels, *graph_tensors(self.graph)]
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -165,11 +184,12 @@ class Trainer:
         if not self.minibatch:
             idx = self.idx["train"].to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            logits = self.model(self.graph, self.feat)[idx]
-            labels = self.labels[idx]
-            loss = self.loss_fn(logits, labels)
-            loss.backward()
-            self.optimizer.step()
+            with self.meter.step(self._step_inputs):
+                logits = self.model(self.graph, self.feat)[idx]
+                labels = self.labels[idx]
+                loss = self.loss_fn(logits, labels)
+                loss.backward()
+                self.optimizer.step()
             return float(loss.item()), self.metric_fn(logits.detach(), labels)
 
         total_loss, seen = 0.0, 0
@@ -182,10 +202,12 @@ class Trainer:
                 x = self.feat[input_nodes.to(self.feat.device)]
                 y = self.labels[output_nodes.to(self.labels.device)]
                 self.optimizer.zero_grad(set_to_none=True)
-                logits = self.model(blocks, x)
-                loss = self.loss_fn(logits, y)
-                loss.backward()
-                self.optimizer.step()
+                inputs = [x, y, *(t for block in blocks for t in graph_tensors(block))]
+                with self.meter.step(inputs):
+                    logits = self.model(blocks, x)
+                    loss = self.loss_fn(logits, y)
+                    loss.backward()
+                    self.optimizer.step()
                 total_loss += float(loss.item()) * len(output_nodes)
                 seen += len(output_nodes)
                 outputs.append(logits.detach())

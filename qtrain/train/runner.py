@@ -191,6 +191,7 @@ def _run(
     run.write_summary(summary)
     state = TrainState()
     session: Any = None
+    trainer: Trainer | None = None
     dispatch.reset()  # the run's `kernels` table counts this run's calls only
     wall_start = time.perf_counter()
     try:
@@ -238,7 +239,12 @@ def _run(
     finally:
         summary.update(state.summary())
         summary["wall_time_s"] = time.perf_counter() - wall_start
-        summary["peak_memory_bytes"], summary["peak_memory_source"] = peak_memory(device)
+        summary.update(
+            trainer.meter.summary()
+            if trainer is not None
+            else {"activation_bytes": None, "peak_memory_bytes": None, "peak_memory_source": None}
+        )
+        summary["process_peak_memory_bytes"], _ = peak_memory(device)
         summary["kernels"] = dispatch.snapshot()
         summary["kernel_fallbacks"] = dispatch.fallbacks()
         if session is not None:

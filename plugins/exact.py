@@ -1,0 +1,144 @@
+"""The ``exact`` plugin: store what autograd saves for backward compressed (exact-iclr22).
+
+Every floating-point activation an unmodified DGL model saves is kept as
+per-row ``bits``-bit integers with a bfloat16 zero point and range, stochastic
+rounding and dense bit packing, optionally after a normalized Rademacher
+projection to ``width / rp_ratio`` columns (``qtrain.ops.compressed``).
+ReLU, LeakyReLU and dropout are routed to versions that save a boolean mask,
+stored at exactly 1 bit per element (``qtrain.ops.masks``). BatchNorm inputs
+are quantized but never projected; parameters and the step's inputs are
+never compressed (the activation meter passes them by reference).
+
+It works through the trainer's saved-tensor hooks, so it composes with
+mini-batch training and with ``tango``, whose quantized int8 operands are
+saved as they are, not compressed a second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from qtrain.config import option
+from qtrain.ops import masks
+from qtrain.ops.compressed import CompressingCodec
+from qtrain.plugin import Patcher, Plugin, PluginContext, register_plugin
+from qtrain.train.activations import installed_codec, storage_key
+
+
+@dataclass(frozen=True)
+class ExactConfig:
+    bits: Literal[1, 2, 4, 8] = option(2, "bits per saved activation value: 1, 2, 4 or 8")
+    rp_ratio: Literal[1, 2, 4, 8] = option(
+        1, "random projection ratio D/R before quantizing (1 = no projection)"
+    )
+    rounding: Literal["stochastic", "nearest"] = option(
+        "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
+    )
+    backend: Literal["auto", "reference", "ext-cpu"] = option(
+        "auto", "kernels to run: the compiled extension when built (auto), or the reference"
+    )
+
+
+# torch functions whose saved float tensor is replaced by a boolean mask
+_MASKED: dict[Any, str] = {
+    torch.relu: "relu",
+    torch.Tensor.relu: "relu",
+    F.relu: "relu",
+    F.leaky_relu: "leaky_relu",
+    F.dropout: "dropout",
+}
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
+    if len(args) > index:
+        return args[index]
+    return kwargs.get(name, default)
+
+
+@register_plugin
+class ExactPlugin(Plugin):
+    """Compressed saved activations: INT1/2/4/8 per row, optional random projection."""
+
+    name = "exact"
+    summary = "compress the activations saved for backward (1-8 bits, random projection)"
+    Config = ExactConfig
+
+    def __init__(self, config: ExactConfig, context: PluginContext) -> None:
+        super().__init__(config, context)
+        self.codec = CompressingCodec(
+            bits=config.bits,
+            rp_ratio=config.rp_ratio,
+            rounding=config.rounding,
+            seed=context.seed,
+            backend=config.backend,
+        )
+        self._stack = contextlib.ExitStack()
+        self.masked_calls: dict[str, int] = {}
+
+    def activate(self, patcher: Patcher) -> None:
+        self._stack.enter_context(installed_codec(self.codec))
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(self._note_batchnorm)
+        self._stack.callback(handle.remove)
+        patcher.functions(_MASKED, self._on_masked)
+
+    def deactivate(self) -> None:
+        self._stack.close()
+
+    def report(self) -> dict[str, Any]:
+        codec = self.codec
+        ratio = codec.original_bytes / codec.stored_bytes if codec.stored_bytes else None
+        return {
+            "bits": self.config.bits,
+            "rp_ratio": self.config.rp_ratio,
+            "rounding": self.config.rounding,
+            "saved_tensors": dict(codec.stats),
+            "masked_calls": dict(self.masked_calls),
+            "compressed_bytes_in": codec.original_bytes,
+            "compressed_bytes_out": codec.stored_bytes,
+            "compression_ratio": ratio,
+        }
+
+    # ------------------------------------------------------------ hooks
+
+    def _note_batchnorm(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if isinstance(module, _BatchNorm) and module.training and args:
+            key = storage_key(args[0]) if isinstance(args[0], torch.Tensor) else None
+            if key is not None:
+                self.codec.no_projection.add(key)
+
+    def _on_masked(
+        self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        x = args[0] if args else kwargs.get("input")
+        usable = (
+            isinstance(x, torch.Tensor)
+            and x.is_floating_point()
+            and torch.is_grad_enabled()
+            and x.requires_grad
+        )
+        if kind == "relu":
+            inplace = _arg(args, kwargs, 1, "inplace", False) if func is F.relu else False
+            if usable and not inplace:
+                return self._count(kind, masks.relu(x))
+        elif kind == "leaky_relu":
+            slope = _arg(args, kwargs, 1, "negative_slope", 0.01)
+            inplace = _arg(args, kwargs, 2, "inplace", False)
+            if usable and not inplace:
+                return self._count(kind, masks.leaky_relu(x, float(slope)))
+        else:  # dropout
+            p = float(_arg(args, kwargs, 1, "p", 0.5))
+            training = _arg(args, kwargs, 2, "training", True)
+            inplace = _arg(args, kwargs, 3, "inplace", False)
+            if usable and training and not inplace and p > 0.0:
+                return self._count(kind, masks.dropout(x, p))
+        return func(*args, **kwargs)
+
+    def _count(self, kind: str, out: torch.Tensor) -> torch.Tensor:
+        self.masked_calls[kind] = self.masked_calls.get(kind, 0) + 1
+        return out

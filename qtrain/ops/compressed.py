@@ -1,0 +1,178 @@
+"""Compressed storage for the tensors autograd saves (exact-iclr22 sections 3.1-3.3).
+
+:class:`CompressingCodec` is the saved-tensor codec of the ``exact`` plugin
+(see ``qtrain.train.activations``). What it does with a saved tensor:
+
+* ``bool`` (the masks of ReLU, LeakyReLU and dropout, see ``qtrain.ops.masks``):
+  1 bit per element, exact.
+* floating point, at least ``MIN_NUMEL`` elements: viewed as rows (one row per
+  index of the first dimension: a node's or an edge's values), optionally
+  projected by a normalized Rademacher matrix to ``ceil(width / rp_ratio)``
+  columns, then quantized per row to ``bits`` bits with stochastic rounding
+  and bit-packed (``qtrain.quant.rowwise``). Rows narrower than ``MIN_ROW``
+  (GAT's per-edge attention scalars) are regrouped into blocks of
+  ``BLOCK`` consecutive elements, so the two 16-bit row parameters do not
+  outweigh the data; blocks are never projected. Nor are the inputs of
+  BatchNorm (``no_projection``): projection noise makes it diverge (appendix F.1).
+* anything else (integer tensors such as tango's quantized operands, small
+  tensors, parameters and inputs, which the meter never hands over): kept.
+
+The projection matrix is not stored: it is regenerated from the run's seed
+and a per-tensor counter offset. A tensor saved twice (two ops, one tensor) is
+compressed once within a step.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from qtrain.ops import compress
+from qtrain.quant.projection import projected_width
+
+MIN_NUMEL = 256
+MIN_ROW = 8
+BLOCK = 64
+
+
+@dataclass
+class CompressedMask:
+    packed: torch.Tensor
+    shape: torch.Size
+
+
+@dataclass
+class CompressedTensor:
+    packed: torch.Tensor
+    zero: torch.Tensor
+    rng: torch.Tensor
+    bits: int
+    width: int  # stored row width (after projection)
+    shape: torch.Size
+    dtype: torch.dtype
+    blocked: bool  # rows are BLOCK-element runs of the flat tensor (zero-padded at the end)
+    projection: tuple[int, int, int] | None  # (input width, projected width, counter offset)
+
+
+Stored = CompressedMask | CompressedTensor
+
+
+class CompressingCodec:
+    """Per-row quantization (+ optional random projection) of saved activations."""
+
+    def __init__(
+        self,
+        bits: int,
+        rp_ratio: int = 1,
+        rounding: str = "stochastic",
+        seed: int = 0,
+        backend: str = "auto",
+    ) -> None:
+        self.bits, self.rp_ratio, self.rounding = bits, rp_ratio, rounding
+        self.seed, self.backend = seed, backend
+        self._offset = 0  # counter stream position: every tensor draws fresh randomness
+        self._seen: dict[tuple, tuple[weakref.ref, Stored]] = {}
+        self.no_projection: set[int] = set()  # storage addresses of BatchNorm inputs this step
+        self.stats = {"masks": 0, "quantized": 0, "projected": 0, "kept": 0, "reused": 0}
+        self.original_bytes = 0
+        self.stored_bytes = 0
+
+    # -- the codec protocol ---------------------------------------------------
+
+    def begin_step(self) -> None:
+        self._seen.clear()
+        self.no_projection.clear()
+
+    def end_step(self) -> None:
+        self._seen.clear()
+        self.no_projection.clear()
+
+    def nbytes(self, stored: Stored) -> int:
+        if isinstance(stored, CompressedMask):
+            return stored.packed.numel()
+        return stored.packed.numel() + 2 * stored.zero.numel() * stored.zero.element_size()
+
+    def encode(self, t: torch.Tensor) -> Stored | None:
+        if t.numel() < MIN_NUMEL or t.layout != torch.strided:
+            return self._keep()
+        if t.dtype != torch.bool and not t.is_floating_point():
+            return self._keep()
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride(), t._version)
+        hit = self._seen.get(key)
+        if hit is not None and hit[0]() is t:
+            self.stats["reused"] += 1
+            return hit[1]
+        stored = self._mask(t) if t.dtype == torch.bool else self._quantize(t)
+        self._seen[key] = (weakref.ref(t), stored)
+        self.original_bytes += t.numel() * t.element_size()
+        self.stored_bytes += self.nbytes(stored)
+        return stored
+
+    def decode(self, stored: Stored) -> torch.Tensor:
+        if isinstance(stored, CompressedMask):
+            n = stored.shape.numel()
+            return compress.unpack_mask(stored.packed, n, self.backend).reshape(stored.shape)
+        rows = compress.dequantize_rows(
+            stored.packed, stored.zero, stored.rng, stored.bits, stored.width, self.backend
+        )
+        if stored.projection is not None:
+            width, k, offset = stored.projection
+            r = compress.rademacher(width, k, self.seed, offset, self.backend)
+            rows = rows @ r.t()
+        flat = rows.reshape(-1)
+        n = stored.shape.numel()
+        if stored.blocked:
+            flat = flat[:n]
+        return flat.reshape(stored.shape).to(stored.dtype)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _keep(self) -> None:
+        self.stats["kept"] += 1
+        return None
+
+    def _mask(self, t: torch.Tensor) -> CompressedMask:
+        self.stats["masks"] += 1
+        return CompressedMask(compress.pack_mask(t.contiguous(), self.backend), t.shape)
+
+    def _draw(self, n: int) -> int:
+        offset = self._offset
+        self._offset += n
+        return offset
+
+    def _quantize(self, t: torch.Tensor) -> CompressedTensor:
+        x = t.detach().to(torch.float32)
+        width = t.numel() // t.shape[0] if t.dim() >= 2 else 0
+        blocked = width < MIN_ROW
+        if blocked:
+            flat = x.reshape(-1)
+            pad = -flat.numel() % BLOCK
+            if pad:
+                flat = torch.cat([flat, flat.new_zeros(pad)])
+            rows = flat.reshape(-1, BLOCK)
+        else:
+            rows = x.reshape(t.shape[0], width)
+        projection = None
+        k = projected_width(rows.shape[1], self.rp_ratio)
+        project = (
+            self.rp_ratio > 1
+            and not blocked
+            and k >= 2
+            and t.untyped_storage().data_ptr() not in self.no_projection
+        )
+        if project:
+            offset = self._draw(rows.shape[1] * k)
+            r = compress.rademacher(rows.shape[1], k, self.seed, offset, self.backend)
+            projection = (rows.shape[1], k, offset)
+            rows = rows @ r
+            self.stats["projected"] += 1
+        rows = rows.contiguous()
+        packed, zero, rng = compress.quantize_rows(
+            rows, self.bits, self.rounding, self.seed, self._draw(rows.numel()), self.backend
+        )
+        self.stats["quantized"] += 1
+        return CompressedTensor(
+            packed, zero, rng, self.bits, rows.shape[1], t.shape, t.dtype, blocked, projection
+        )

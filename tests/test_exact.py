@@ -1,0 +1,289 @@
+"""The exact plugin: masks, the saved-tensor codec, the activation meter, runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qtrain.ops import masks
+from qtrain.ops.compressed import BLOCK, CompressedMask, CompressedTensor, CompressingCodec
+from qtrain.train.activations import ActivationMeter, installed_codec
+
+# ------------------------------------------------------------------ masks
+
+
+def _grads(fn: Any, x: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(seed)
+    y = fn(x)
+    y.backward(torch.arange(y.numel(), dtype=torch.float32).reshape(y.shape))
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (masks.relu, F.relu),
+        (lambda x: masks.leaky_relu(x, 0.2), lambda x: F.leaky_relu(x, 0.2)),
+        (lambda x: masks.dropout(x, 0.3), lambda x: F.dropout(x, 0.3, training=True)),
+    ],
+    ids=["relu", "leaky_relu", "dropout"],
+)
+def test_masked_functions_equal_torch_and_save_only_a_bool_mask(ours: Any, theirs: Any) -> None:
+    x = torch.randn(37, 11)
+    x[0] = 0.0  # ties at zero take torch's side (x > 0 passes)
+    y_ref, g_ref = _grads(theirs, x)
+    y, g = _grads(ours, x)
+    assert torch.equal(y, y_ref) and torch.equal(g, g_ref)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        ours(x.clone().requires_grad_(True))
+    assert [t.dtype for t in saved] == [torch.bool]
+
+
+# ------------------------------------------------------------------ codec
+
+
+def _codec(**kw: Any) -> CompressingCodec:
+    kw.setdefault("backend", "reference")
+    codec = CompressingCodec(**kw)
+    codec.begin_step()
+    return codec
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("shape", [(300, 16), (50, 4, 8), (1000, 3), (700,), (97, 5, 1)])
+def test_codec_round_trip_bound(bits: int, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(1)
+    x = torch.randn(shape)
+    codec = _codec(bits=bits)
+    stored = codec.encode(x)
+    assert isinstance(stored, CompressedTensor)
+    y = codec.decode(stored)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    # each value is off by at most one level of its row (block)
+    levels = 2**bits - 1
+    rows = x.reshape(-1) if stored.blocked else x.reshape(shape[0], -1)
+    if stored.blocked:
+        pad = -rows.numel() % BLOCK
+        rows = torch.cat([rows, rows.new_zeros(pad)]).reshape(-1, BLOCK)
+    step = (rows.amax(1) - rows.amin(1)) / levels
+    err = (y.reshape(-1) - x.reshape(-1)).abs()
+    bound = (step * 1.02 + 1e-2)[:, None].expand(rows.shape).reshape(-1)[: x.numel()]
+    assert bool((err <= bound).all())
+    # the packed values at `bits` each plus two bfloat16 row parameters, nothing else
+    n_rows, width = rows.shape
+    assert codec.nbytes(stored) == (n_rows * width * bits + 7) // 8 + 4 * n_rows
+
+
+def test_codec_rows_narrower_than_min_row_are_blocked_and_never_projected() -> None:
+    codec = _codec(bits=2, rp_ratio=4)
+    att = torch.rand(500, 4, 1)  # GAT's per-edge attention: 4 values per row
+    stored = codec.encode(att)
+    assert isinstance(stored, CompressedTensor)
+    assert stored.blocked and stored.projection is None and stored.width == BLOCK
+
+
+def test_codec_projection_is_unbiased_and_regenerated_from_the_seed() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+    mean = torch.zeros_like(x)
+    for seed in range(300):
+        codec = _codec(bits=8, rp_ratio=4, seed=seed)
+        stored = codec.encode(x)
+        assert isinstance(stored, CompressedTensor) and stored.projection == (32, 8, 0)
+        assert stored.width == 8
+        mean += codec.decode(stored)
+    mean /= 300
+    assert (mean - x).abs().mean() < 0.15 * x.abs().mean()
+    # decode twice: the same matrix comes back, so the same values
+    assert torch.equal(codec.decode(stored), codec.decode(stored))
+
+
+def test_codec_masks_are_one_bit_and_exact() -> None:
+    codec = _codec(bits=2)
+    m = torch.rand(333, 7) > 0.5
+    stored = codec.encode(m)
+    assert isinstance(stored, CompressedMask)
+    assert codec.nbytes(stored) == (m.numel() + 7) // 8
+    assert torch.equal(codec.decode(stored), m)
+
+
+def test_codec_keeps_integer_and_small_tensors() -> None:
+    codec = _codec(bits=2)
+    assert codec.encode(torch.zeros(1000, 8, dtype=torch.int8)) is None
+    assert codec.encode(torch.randn(10)) is None
+    assert codec.stats["kept"] == 2
+
+
+def test_codec_zero_and_constant_rows_come_back_exactly_when_representable() -> None:
+    codec = _codec(bits=2)
+    x = torch.zeros(40, 16)
+    x[1] = 3.0  # bfloat16-representable constant: zero point 3, range 0
+    x[2] = -0.5
+    assert torch.equal(codec.decode(codec.encode(x)), x)
+
+
+def test_codec_reuses_a_tensor_saved_twice_but_not_after_an_in_place_change() -> None:
+    codec = _codec(bits=2)
+    x = torch.randn(100, 16)
+    a = codec.encode(x)
+    assert codec.encode(x) is a
+    x.add_(1.0)
+    assert codec.encode(x) is not a
+
+
+def test_codec_does_not_project_batchnorm_inputs() -> None:
+    codec = _codec(bits=2, rp_ratio=4)
+    x = torch.randn(100, 32)
+    codec.no_projection.add(x.untyped_storage().data_ptr())
+    stored = codec.encode(x)
+    assert isinstance(stored, CompressedTensor) and stored.projection is None
+
+
+# ------------------------------------------------------------------ meter
+
+
+class _TwoLayer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32, bias=False)
+        self.b = torch.nn.Linear(32, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(F.relu(self.a(x)))
+
+
+def test_meter_counts_each_saved_storage_once_and_not_inputs_or_parameters() -> None:
+    torch.manual_seed(0)
+    model = _TwoLayer()
+    x = torch.randn(200, 16)
+    meter = ActivationMeter(model.parameters(), torch.device("cpu"))
+    with meter.step([x]):
+        model(x).sum().backward()
+    # relu saves its output, b's matmul saves the same tensor: one [200, 32] float32 storage
+    assert meter.activation_bytes == 200 * 32 * 4
+    assert meter._current == 0 and not meter._live  # everything released after backward
+    assert meter.peak_memory_bytes > 0
+
+
+def test_meter_counts_an_uncounted_input_when_not_declared() -> None:
+    model = _TwoLayer()
+    x = torch.randn(200, 16)
+    meter = ActivationMeter(model.parameters(), torch.device("cpu"))
+    with meter.step([]):
+        model(x).sum().backward()
+    assert meter.activation_bytes == 200 * 32 * 4 + 200 * 16 * 4
+
+
+def test_meter_with_codec_counts_the_compressed_bytes_and_grads_stay_close() -> None:
+    torch.manual_seed(0)
+    model = _TwoLayer()
+    x = torch.randn(400, 16)
+    model(x).square().sum().backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    codec = CompressingCodec(bits=8, backend="reference")
+    meter = ActivationMeter(model.parameters(), torch.device("cpu"))
+    with installed_codec(codec), meter.step([x]):
+        model(x).square().sum().backward()
+    got = [p.grad for p in model.parameters()]
+    for a, b in zip(got, ref, strict=True):
+        assert F.cosine_similarity(a.reshape(-1), b.reshape(-1), dim=0) > 0.999
+    # relu's output: 8-bit rows of 32 values, 32 bytes + 4 bytes of row parameters (against
+    # 128); square's input [400, 4] is narrower than MIN_ROW: 25 blocks of 64 values
+    assert meter.activation_bytes == 400 * (32 + 4) + 1600 // BLOCK * (BLOCK + 4)
+
+
+def test_only_one_codec_at_a_time() -> None:
+    from qtrain.errors import PluginError
+
+    with (
+        installed_codec(CompressingCodec(bits=2)),
+        pytest.raises(PluginError, match="only one"),
+        installed_codec(CompressingCodec(bits=2)),
+    ):
+        pass
+
+
+# ------------------------------------------------------------------ runs
+
+
+def _recipe(
+    tmp_path: Path, plugins: str, extra: str = "", model: str = "gcn", mode: str = "full"
+) -> Path:
+    fanouts = "fanouts = [5, 5]\nbatch_size = 512" if mode == "minibatch" else ""
+    path = tmp_path / "r.toml"
+    path.write_text(
+        f"""
+[model]
+name = "{model}"
+hidden = 32
+[dataset]
+name = "synthetic-small"
+[train]
+epochs = 2
+mode = "{mode}"
+{fanouts}
+[output]
+dir = "{tmp_path / "runs"}"
+[quant]
+plugin = {plugins}
+[quant.exact]
+{extra}
+"""
+    )
+    return path
+
+
+def _run(path: Path) -> dict[str, Any]:
+    from qtrain.recipe import load_recipe
+    from qtrain.train.progress import Reporter
+    from qtrain.train.runner import execute
+
+    return execute(load_recipe(path, []), reporter=Reporter())
+
+
+@pytest.mark.parametrize(
+    ("model", "mode"),
+    [("gcn", "full"), ("gat", "full"), ("sage", "full"), ("gcnii", "full"), ("sage", "minibatch")],
+)
+def test_exact_shrinks_activation_memory(tmp_path: Path, model: str, mode: str) -> None:
+    fp32 = _run(_recipe(tmp_path, "[]", model=model, mode=mode))
+    int2 = _run(_recipe(tmp_path, '["exact"]', model=model, mode=mode))
+    rp = _run(_recipe(tmp_path, '["exact"]', "rp_ratio = 8", model=model, mode=mode))
+    for s in (fp32, int2, rp):
+        assert s["status"] == "completed" and s["activation_bytes"] > 0
+        assert s["peak_memory_bytes"] > 0
+    assert int2["activation_bytes"] * 4 < fp32["activation_bytes"]
+    assert rp["activation_bytes"] <= int2["activation_bytes"]
+    report = int2["plugin_reports"]["exact"]
+    assert report["saved_tensors"]["quantized"] > 0 and report["compression_ratio"] > 8
+
+
+def test_exact_composes_with_tango(tmp_path: Path) -> None:
+    both = _run(_recipe(tmp_path, '["tango", "exact"]'))
+    assert both["status"] == "completed"
+    report = both["plugin_reports"]["exact"]
+    assert report["saved_tensors"]["kept"] > 0  # tango's int8 operands, kept as they are
+    assert both["kernels"]["gemm"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("bits = 3", "quant.exact.bits"),
+        ("rp_ratio = 3", "rp_ratio"),
+        ('rounding = "up"', "rounding"),
+    ],
+)
+def test_bad_exact_options_are_one_line_errors(tmp_path: Path, extra: str, message: str) -> None:
+    from qtrain.errors import RecipeError
+    from qtrain.recipe import load_recipe
+
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(_recipe(tmp_path, '["exact"]', extra), [])
