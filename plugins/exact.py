@@ -7,11 +7,14 @@ projection to ``width / rp_ratio`` columns (``qtrain.ops.compressed``).
 ReLU, LeakyReLU and dropout are routed to versions that save a boolean mask,
 stored at exactly 1 bit per element (``qtrain.ops.masks``). BatchNorm inputs
 are quantized but never projected; parameters and the step's inputs are
-never compressed (the activation meter passes them by reference).
+never compressed (the activation meter passes them by reference; in a
+user's own loop under ``qtrain.patch``, leaves that require grad and views of
+them are passed).
 
-It works through the trainer's saved-tensor hooks, so it composes with
-mini-batch training and with ``tango``, whose quantized int8 operands are
-saved as they are, not compressed a second time.
+Inside ``qtrain run`` it works through the trainer's saved-tensor hooks (the
+activation meter), so it composes with mini-batch training and with
+``tango``, whose quantized int8 operands are saved as they are, not
+compressed a second time.
 """
 
 from __future__ import annotations
@@ -55,6 +58,21 @@ _MASKED: dict[Any, str] = {
 }
 
 
+class _Stored:
+    """A codec's stored form, as the plugin's own saved-tensor hooks hold it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    """A parameter or a view of one (autograd saves ``weight.t()``): leaves that need grads."""
+    base = t._base if t._base is not None else t
+    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+
+
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
     if len(args) > index:
         return args[index]
@@ -80,9 +98,20 @@ class ExactPlugin(Plugin):
         )
         self._stack = contextlib.ExitStack()
         self.masked_calls: dict[str, int] = {}
+        model = context.model
+        self._parameter_keys = (
+            {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
+        )
 
     def activate(self, patcher: Patcher) -> None:
         self._stack.enter_context(installed_codec(self.codec))
+        # Outside the trainer's steps (a user's own loop under ``qtrain.patch``)
+        # these hooks compress; inside a step the trainer's activation meter
+        # installs its own (innermost) pair, which applies the same codec and
+        # also counts the bytes.
+        self._stack.enter_context(
+            torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        )
         handle = torch.nn.modules.module.register_module_forward_pre_hook(self._note_batchnorm)
         self._stack.callback(handle.remove)
         patcher.functions(_MASKED, self._on_masked)
@@ -106,11 +135,21 @@ class ExactPlugin(Plugin):
 
     # ------------------------------------------------------------ hooks
 
+    def _pack(self, t: torch.Tensor) -> Any:
+        key = storage_key(t)
+        if key is None or key in self._parameter_keys or _is_parameter(t):
+            return t
+        stored = self.codec.encode(t)
+        return t if stored is None else _Stored(stored)
+
+    def _unpack(self, held: Any) -> torch.Tensor:
+        return self.codec.decode(held.value) if isinstance(held, _Stored) else held
+
     def _note_batchnorm(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if isinstance(module, _BatchNorm) and module.training and args:
-            key = storage_key(args[0]) if isinstance(args[0], torch.Tensor) else None
-            if key is not None:
-                self.codec.no_projection.add(key)
+        x = args[0] if args else None
+        usable = isinstance(x, torch.Tensor) and storage_key(x) is not None
+        if isinstance(module, _BatchNorm) and module.training and usable:
+            self.codec.skip_projection(x)
 
     def _on_masked(
         self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

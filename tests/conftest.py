@@ -1,8 +1,11 @@
-"""Fixtures shared by the kernel tests."""
+"""Fixtures shared by the tests: thread counts for the kernels, seeded runs on real data."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,3 +17,64 @@ def threads() -> Iterator[None]:
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------ accuracy runs on real data
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANETOID_DATA = ROOT.parent / "shared" / "datasets"
+SEEDS = (0, 1, 2)
+
+needs_planetoid = pytest.mark.skipif(
+    not (PLANETOID_DATA / "planetoid").is_dir(),
+    reason=f"real Planetoid data not found at {PLANETOID_DATA / 'planetoid'}",
+)
+
+
+class ExampleRuns:
+    """Runs an example recipe once per seed and remembers the summaries for the session.
+
+    The accuracy tests compare variants against FP32 with the same seeds; the
+    FP32 runs are shared between them instead of being repeated per file.
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self._done: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
+
+    def summaries(self, example: str, overrides: list[str]) -> list[dict[str, Any]]:
+        from qtrain.recipe import load_recipe
+        from qtrain.train.progress import Reporter
+        from qtrain.train.runner import execute
+
+        key = (example, tuple(overrides))
+        if key not in self._done:
+            found = []
+            for seed in SEEDS:
+                recipe = load_recipe(
+                    ROOT / "examples" / f"{example}.toml",
+                    overrides=[*overrides, f"train.seed={seed}", f"output.dir={self.out_dir}"],
+                )
+                summary = execute(recipe, reporter=Reporter())
+                assert summary["status"] == "completed", summary.get("error")
+                found.append(summary)
+            self._done[key] = found
+        return self._done[key]
+
+    def accuracies(self, example: str, overrides: list[str]) -> list[float]:
+        """Test accuracy in percent at the best validation epoch, one per seed."""
+        return [100.0 * s["test_acc"] for s in self.summaries(example, overrides)]
+
+    def mean(self, example: str, overrides: list[str]) -> float:
+        return statistics.mean(self.accuracies(example, overrides))
+
+
+@pytest.fixture(scope="session")
+def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleRuns]:
+    """Seeded runs of the example recipes on the real Planetoid data, shared by the session."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("QTRAIN_DATA_DIR", str(PLANETOID_DATA))
+    try:
+        yield ExampleRuns(tmp_path_factory.mktemp("example-runs"))
+    finally:
+        patch.undo()

@@ -140,7 +140,7 @@ def test_codec_reuses_a_tensor_saved_twice_but_not_after_an_in_place_change() ->
 def test_codec_does_not_project_batchnorm_inputs() -> None:
     codec = _codec(bits=2, rp_ratio=4)
     x = torch.randn(100, 32)
-    codec.no_projection.add(x.untyped_storage().data_ptr())
+    codec.skip_projection(x)
     stored = codec.encode(x)
     assert isinstance(stored, CompressedTensor) and stored.projection is None
 
@@ -287,3 +287,55 @@ def test_bad_exact_options_are_one_line_errors(tmp_path: Path, extra: str, messa
 
     with pytest.raises(RecipeError, match=message):
         load_recipe(_recipe(tmp_path, '["exact"]', extra), [])
+
+
+def test_exact_compresses_a_users_own_loop_under_qtrain_patch() -> None:
+    """Without the trainer's meter the plugin's own hooks compress; parameters stay as they are."""
+    import qtrain
+
+    torch.manual_seed(0)
+    model = _TwoLayer()
+    x = torch.randn(400, 16)
+    saved: list[Any] = []
+    with qtrain.patch({"plugin": ["exact"], "exact": {"bits": 8}}) as session:
+        model(x).square().sum().backward()
+        codec = session.plugins[0].codec
+        # the plugin's hooks sit outside any meter: a nested pair replaces them
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            model(x).sum()
+    report = session.report()["exact"]
+    assert report["saved_tensors"]["quantized"] >= 2  # relu's output, square's input
+    assert report["masked_calls"] == {"relu": 2}  # both forwards
+    assert codec.stored_bytes < codec.original_bytes / 3
+    assert all(p.grad is not None for p in model.parameters())
+    assert saved  # the inner pair saw the second forward's tensors
+    # afterwards, nothing is compressed any more
+    before = codec.stats["quantized"]
+    model(x).square().sum().backward()
+    assert codec.stats["quantized"] == before
+
+
+def test_batchnorm_inputs_are_quantized_but_not_projected() -> None:
+    import qtrain
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
+    x = torch.randn(300, 16)
+    with qtrain.patch({"plugin": ["exact"], "exact": {"bits": 8, "rp_ratio": 4}}) as session:
+        codec = session.plugins[0].codec
+        stored: list[Any] = []
+        encode = codec.encode
+        codec.encode = lambda t: stored.append((t.shape, encode(t))) or stored[-1][1]
+        model(x).square().sum().backward()
+    forms = [(tuple(s), f) for s, f in stored if isinstance(f, CompressedTensor)]
+    shapes = [s for s, _ in forms]
+    assert shapes == [(300, 16), (300, 32), (300, 32), (300, 4)]  # in the order forward saves
+    # the plain input x of the first linear is projected: 16 -> 4 columns
+    assert forms[0][1].projection == (16, 4, 0)
+    # the first linear's output feeds BatchNorm: quantized at full width
+    assert forms[1][1].projection is None and forms[1][1].width == 32
+    # the ReLU output the second linear saves is projected again
+    assert forms[2][1].projection is not None and forms[2][1].width == 8
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -9,25 +9,11 @@ Reads the original Planetoid files from ../shared/datasets (skipped without them
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
+from conftest import SEEDS, ExampleRuns, needs_planetoid
 
-from qtrain.recipe import load_recipe
-from qtrain.train.progress import Reporter
-from qtrain.train.runner import execute
-
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "datasets"
-SEEDS = (0, 1, 2)
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (DATA / "planetoid").is_dir(),
-        reason=f"real Planetoid data not found at {DATA / 'planetoid'}",
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_planetoid]
 
 
 @pytest.mark.parametrize(
@@ -39,19 +25,8 @@ pytestmark = [
         ("citeseer-gcn", 69.5),
     ],
 )
-def test_example_reaches_accuracy_bar(
-    example: str, bar: float, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("QTRAIN_DATA_DIR", str(DATA))
-    accs = []
-    for seed in SEEDS:
-        recipe = load_recipe(
-            ROOT / "examples" / f"{example}.toml",
-            overrides=[f"train.seed={seed}", f"output.dir={tmp_path}"],
-        )
-        summary = execute(recipe, reporter=Reporter())
-        assert summary["status"] == "completed"
-        accs.append(100.0 * summary["test_acc"])
+def test_example_reaches_accuracy_bar(example: str, bar: float, example_runs: ExampleRuns) -> None:
+    accs = example_runs.accuracies(example, [])
     mean = statistics.mean(accs)
     print(f"{example}: {mean:.2f} ± {statistics.stdev(accs):.2f} (seeds {SEEDS}: {accs})")
     assert mean >= bar, (

@@ -13,7 +13,7 @@
   (GAT's per-edge attention scalars) are regrouped into blocks of
   ``BLOCK`` consecutive elements, so the two 16-bit row parameters do not
   outweigh the data; blocks are never projected. Nor are the inputs of
-  BatchNorm (``no_projection``): projection noise makes it diverge (appendix F.1).
+  BatchNorm (``skip_projection``): projection noise makes it diverge (appendix F.1).
 * anything else (integer tensors such as tango's quantized operands, small
   tensors, parameters and inputs, which the meter never hands over): kept.
 
@@ -25,6 +25,7 @@ compressed once within a step.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,8 +74,12 @@ class CompressingCodec:
         self.bits, self.rp_ratio, self.rounding = bits, rp_ratio, rounding
         self.seed, self.backend = seed, backend
         self._offset = 0  # counter stream position: every tensor draws fresh randomness
+        # entries drop out when their tensor dies, so a codec used outside the
+        # trainer's steps (``qtrain.patch`` around a user's loop) does not grow
         self._seen: dict[tuple, tuple[weakref.ref, Stored]] = {}
-        self.no_projection: set[int] = set()  # storage addresses of BatchNorm inputs this step
+        self._no_projection: weakref.WeakValueDictionary[int, torch.Tensor] = (
+            weakref.WeakValueDictionary()
+        )
         self.stats = {"masks": 0, "quantized": 0, "projected": 0, "kept": 0, "reused": 0}
         self.original_bytes = 0
         self.stored_bytes = 0
@@ -83,11 +88,15 @@ class CompressingCodec:
 
     def begin_step(self) -> None:
         self._seen.clear()
-        self.no_projection.clear()
+        self._no_projection.clear()
 
     def end_step(self) -> None:
         self._seen.clear()
-        self.no_projection.clear()
+        self._no_projection.clear()
+
+    def skip_projection(self, t: torch.Tensor) -> None:
+        """Quantize ``t`` (and views of its storage) without projecting it: a BatchNorm input."""
+        self._no_projection[t.untyped_storage().data_ptr()] = t
 
     def nbytes(self, stored: Stored) -> int:
         if isinstance(stored, CompressedMask):
@@ -105,7 +114,7 @@ class CompressingCodec:
             self.stats["reused"] += 1
             return hit[1]
         stored = self._mask(t) if t.dtype == torch.bool else self._quantize(t)
-        self._seen[key] = (weakref.ref(t), stored)
+        self._seen[key] = (weakref.ref(t, self._forget(key)), stored)
         self.original_bytes += t.numel() * t.element_size()
         self.stored_bytes += self.nbytes(stored)
         return stored
@@ -128,6 +137,16 @@ class CompressingCodec:
         return flat.reshape(stored.shape).to(stored.dtype)
 
     # -- helpers -------------------------------------------------------------
+
+    def _forget(self, key: tuple) -> Callable[[weakref.ref], None]:
+        seen = self._seen
+
+        def drop(ref: weakref.ref) -> None:
+            entry = seen.get(key)
+            if entry is not None and entry[0] is ref:
+                del seen[key]
+
+        return drop
 
     def _keep(self) -> None:
         self.stats["kept"] += 1
@@ -160,7 +179,7 @@ class CompressingCodec:
             self.rp_ratio > 1
             and not blocked
             and k >= 2
-            and t.untyped_storage().data_ptr() not in self.no_projection
+            and t.untyped_storage().data_ptr() not in self._no_projection
         )
         if project:
             offset = self._draw(rows.shape[1] * k)

@@ -1,0 +1,46 @@
+"""Accuracy bars of the exact plugin (exact-iclr22 section 5.1) on the real Planetoid splits.
+
+Compressed saved activations cost at most 0.5 point of test accuracy at INT2
+and at most 1.0 point with the random projection (D/R = 8) before INT2: mean
+test accuracy (at the best validation epoch) over seeds 0, 1, 2 with the
+example recipes as shipped, against FP32 runs with the same seeds (shared
+with the other accuracy tests). Reads ../shared/datasets (skipped without
+it). ``pytest -s`` prints the table.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SEEDS, ExampleRuns, needs_planetoid
+
+VARIANTS = {  # name: (overrides, tolerance in points)
+    "exact-int2": (['quant.plugin=["exact"]', "quant.exact.bits=2"], 0.5),
+    "exact-rp8-int2": (
+        ['quant.plugin=["exact"]', "quant.exact.bits=2", "quant.exact.rp_ratio=8"],
+        1.0,
+    ),
+}
+
+pytestmark = [pytest.mark.slow, needs_planetoid]
+
+
+@pytest.mark.parametrize(
+    "example",
+    ["cora-gcn", "cora-gat", "cora-sage", "citeseer-gcn", "citeseer-gat", "citeseer-sage"],
+)
+def test_exact_accuracy_close_to_fp32(example: str, example_runs: ExampleRuns) -> None:
+    fp32 = example_runs.mean(example, [])
+    print(f"{example} fp32: {fp32:.2f} {example_runs.accuracies(example, [])}")
+    for name, (overrides, tolerance) in VARIANTS.items():
+        accs = example_runs.accuracies(example, overrides)
+        mean = example_runs.mean(example, overrides)
+        ratio = [
+            s["plugin_reports"]["exact"]["compression_ratio"]
+            for s in example_runs.summaries(example, overrides)
+        ]
+        print(f"{example} {name}: {mean:.2f} {accs} (compression {min(ratio):.1f}x)")
+        gap = fp32 - mean
+        assert gap <= tolerance, (
+            f"{example}: {name} mean {mean:.2f} is {gap:.2f} points below "
+            f"FP32 {fp32:.2f} (seeds {SEEDS}; allowed {tolerance})"
+        )
