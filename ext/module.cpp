@@ -93,6 +93,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "A[K,M]^T @ B[K,N]. scale is fl32(scale_a * scale_b); bias (N,) float is added after\n"
         "the multiply. Bit-identical to qtrain.ops.gemm.reference_int8_gemm for any thread\n"
         "count and ISA (avx512vnni: vpdpbusd; avx512f/avx2: vpmaddwd on zmm/ymm; default: portable).");
+  m.def("quantize_rows", &qtrain::quantize_rows, py::arg("x"), py::arg("bits"),
+        py::arg("stochastic") = true, py::arg("seed") = 0, py::arg("offset") = 0,
+        py::call_guard<py::gil_scoped_release>(),
+        "Per-row quantization of float32 x [rows, width] to `bits` (1, 2, 4, 8) bits, packed\n"
+        "densely: (packed uint8 [ceil(rows*width*bits/8)], zero bfloat16 [rows], range\n"
+        "bfloat16 [rows]). Stochastic rounding draws u_i from counter_uniform at offset + i\n"
+        "(i the flat index); x must be finite. Bit-identical to\n"
+        "qtrain.quant.rowwise.quantize_rows for any thread count and ISA.");
+  m.def("dequantize_rows", &qtrain::dequantize_rows, py::arg("packed"), py::arg("zero"),
+        py::arg("range"), py::arg("bits"), py::arg("width"),
+        py::call_guard<py::gil_scoped_release>(),
+        "float32 [rows, width] from quantize_rows' output: q * fl32(range / (2^bits - 1)) +\n"
+        "zero per row. Bit-identical to qtrain.quant.rowwise.dequantize_rows.");
+  m.def("pack_bits", &qtrain::pack_bits, py::arg("values"), py::arg("bits"),
+        py::call_guard<py::gil_scoped_release>(),
+        "uint8 or bool values (any shape, taken flat, masked to `bits` bits) as one dense\n"
+        "little-endian bit stream (uint8 [ceil(n*bits/8)]), as qtrain.quant.rowwise.pack_bits.");
+  m.def("unpack_bits", &qtrain::unpack_bits, py::arg("packed"), py::arg("bits"), py::arg("n"),
+        py::call_guard<py::gil_scoped_release>(),
+        "The first n values (uint8, flat) of a stream written by pack_bits.");
+  m.def("rademacher", &qtrain::rademacher, py::arg("d"), py::arg("k"), py::arg("seed") = 0,
+        py::arg("offset") = 0, py::call_guard<py::gil_scoped_release>(),
+        "float32 [d, k] normalized Rademacher matrix: entry i is -fl32(1/sqrt(k)) if the\n"
+        "counter hash of (seed, offset + i) has its top bit set, else +fl32(1/sqrt(k)).\n"
+        "Bit-identical to qtrain.quant.projection.rademacher.");
   m.def("info", &info,
         "Build and run-time facts: ISA in use, OpenMP threads, compiler, torch version.");
   m.def(

@@ -37,4 +37,24 @@ at::Tensor qsddmm(const std::string& op, const at::Tensor& q_lhs, double scale_l
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
                      const std::string& layout, const std::optional<at::Tensor>& bias);
 
+// Per-row activation compression (qtrain/quant/rowwise.py): float32 x [rows, width] to
+// (packed uint8 [ceil(rows*width*bits/8)], zero bfloat16 [rows], range bfloat16 [rows]),
+// bits in {1, 2, 4, 8}; stochastic rounding draws u_i at counter offset + i.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x, int64_t bits,
+                                                             bool stochastic, uint64_t seed,
+                                                             int64_t offset);
+
+// float32 [rows, width] back from quantize_rows (rows = zero.numel()).
+at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& zero,
+                           const at::Tensor& range, int64_t bits, int64_t width);
+
+// uint8 / bool values (any shape, taken flat; masked to `bits` bits) as a dense
+// little-endian bit stream, and the first n values of such a stream back.
+at::Tensor pack_bits(const at::Tensor& values, int64_t bits);
+at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n);
+
+// float32 [d, k] normalized Rademacher matrix (qtrain/quant/projection.py): entry i is
+// -fl32(1/sqrt(k)) when the counter hash at offset + i has its top bit set, else +.
+at::Tensor rademacher(int64_t d, int64_t k, uint64_t seed, int64_t offset);
+
 }  // namespace qtrain

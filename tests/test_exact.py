@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +63,8 @@ def test_codec_round_trip_bound(bits: int, shape: tuple[int, ...]) -> None:
     torch.manual_seed(1)
     x = torch.randn(shape)
     codec = _codec(bits=bits)
-    stored = codec.encode(x)
+    stored = codec.encode(x.requires_grad_(True))  # an activation (narrow constants are kept)
+    x = x.detach()
     assert isinstance(stored, CompressedTensor)
     y = codec.decode(stored)
     assert y.shape == x.shape and y.dtype == x.dtype
@@ -82,7 +85,7 @@ def test_codec_round_trip_bound(bits: int, shape: tuple[int, ...]) -> None:
 
 def test_codec_rows_narrower_than_min_row_are_blocked_and_never_projected() -> None:
     codec = _codec(bits=2, rp_ratio=4)
-    att = torch.rand(500, 4, 1)  # GAT's per-edge attention: 4 values per row
+    att = torch.rand(500, 4, 1, requires_grad=True)  # GAT's per-edge attention: 4 per row
     stored = codec.encode(att)
     assert isinstance(stored, CompressedTensor)
     assert stored.blocked and stored.projection is None and stored.width == BLOCK
@@ -339,3 +342,28 @@ def test_batchnorm_inputs_are_quantized_but_not_projected() -> None:
     # the ReLU output the second linear saves is projected again
     assert forms[2][1].projection is not None and forms[2][1].width == 8
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_codec_keeps_narrow_graph_constants_that_backward_may_divide_by() -> None:
+    codec = _codec(bits=2)
+    degrees = torch.randint(1, 500, (5000, 1)).float()  # DGL's mean reducer saves them
+    assert codec.encode(degrees) is None
+    scores = torch.rand(5000, 1, requires_grad=True) * 1  # an activation: compressed
+    assert isinstance(codec.encode(scores), CompressedTensor)
+
+
+def test_codec_pads_the_last_block_without_widening_its_range() -> None:
+    codec = _codec(bits=2, rounding="nearest")
+    x = torch.full((300, 2), 7.0, requires_grad=True) * 1  # 600 values: the last block is short
+    stored = codec.encode(x)
+    assert isinstance(stored, CompressedTensor) and stored.blocked
+    assert torch.equal(codec.decode(stored), x.detach())  # range 0 everywhere: exact
+
+
+def test_exact_sage_mean_trains_with_finite_gradients(tmp_path: Path) -> None:
+    summary = _run(_recipe(tmp_path, '["exact"]', model="sage"))
+    assert summary["status"] == "completed"
+    lines = Path(summary["run_dir"], "metrics.jsonl").read_text().splitlines()
+    losses = [json.loads(line)["loss"] for line in lines]
+    assert len(losses) == 2
+    assert all(math.isfinite(v) for v in losses)

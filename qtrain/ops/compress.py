@@ -18,7 +18,7 @@ from qtrain.quant import rowwise as ref
 from qtrain.quant.rng import check_counter_range, normalize_seed
 
 # compiled backends implementing each primitive
-COMPRESS_KERNELS: tuple[str, ...] = ()
+COMPRESS_KERNELS: tuple[str, ...] = ("ext-cpu",)
 
 
 def quantize_rows(

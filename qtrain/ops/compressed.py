@@ -12,8 +12,14 @@
   and bit-packed (``qtrain.quant.rowwise``). Rows narrower than ``MIN_ROW``
   (GAT's per-edge attention scalars) are regrouped into blocks of
   ``BLOCK`` consecutive elements, so the two 16-bit row parameters do not
-  outweigh the data; blocks are never projected. Nor are the inputs of
-  BatchNorm (``skip_projection``): projection noise makes it diverge (appendix F.1).
+  outweigh the data (the last block is padded with its last value, so the
+  padding never widens its range); blocks are never projected. Nor are the
+  inputs of BatchNorm (``skip_projection``): projection noise makes it
+  diverge (appendix F.1).
+* a narrow floating-point tensor that does not require grad is a constant of
+  the graph (in-degrees, normalisation factors) that backward may divide by,
+  as DGL's mean reducer does: a 2-bit level could round a degree to zero or
+  bias its reciprocal, and it is small next to the activations, so it is kept.
 * anything else (integer tensors such as tango's quantized operands, small
   tensors, parameters and inputs, which the meter never hands over): kept.
 
@@ -58,6 +64,11 @@ class CompressedTensor:
 
 
 Stored = CompressedMask | CompressedTensor
+
+
+def _row_width(t: torch.Tensor) -> int:
+    """Values per index of the first dimension (0 for 1-d tensors, which have no rows)."""
+    return t.numel() // t.shape[0] if t.dim() >= 2 else 0
 
 
 class CompressingCodec:
@@ -113,6 +124,8 @@ class CompressingCodec:
         if hit is not None and hit[0]() is t:
             self.stats["reused"] += 1
             return hit[1]
+        if t.dtype != torch.bool and _row_width(t) < MIN_ROW and not t.requires_grad:
+            return self._keep()  # a graph constant (degrees, norms), maybe a divisor
         stored = self._mask(t) if t.dtype == torch.bool else self._quantize(t)
         self._seen[key] = (weakref.ref(t, self._forget(key)), stored)
         self.original_bytes += t.numel() * t.element_size()
@@ -163,13 +176,13 @@ class CompressingCodec:
 
     def _quantize(self, t: torch.Tensor) -> CompressedTensor:
         x = t.detach().to(torch.float32)
-        width = t.numel() // t.shape[0] if t.dim() >= 2 else 0
+        width = _row_width(t)
         blocked = width < MIN_ROW
         if blocked:
             flat = x.reshape(-1)
             pad = -flat.numel() % BLOCK
-            if pad:
-                flat = torch.cat([flat, flat.new_zeros(pad)])
+            if pad:  # repeat the last value: a zero could widen the last block's range
+                flat = torch.cat([flat, flat[-1:].expand(pad)])
             rows = flat.reshape(-1, BLOCK)
         else:
             rows = x.reshape(t.shape[0], width)

@@ -1,0 +1,700 @@
+// Activation compression for the exact plugin (exact-iclr22) on the CPU: per-row
+// quantization with bit packing, its inverse, bit packing alone, and the
+// Rademacher projection matrix. The references are qtrain/quant/rowwise.py and
+// qtrain/quant/projection.py; results equal them bit for bit for any thread
+// count and ISA variant:
+//
+//   B = 2^bits - 1; zero = bf16_floor(min h); range = bf16_ceil(fl32(max h - zero))
+//   inv = fl32(B / range) (0 if range == 0);  v = fl32(fl32(h - zero) * inv)
+//   nearest:    q = clamp(rint(v), 0, B)                 (ties to even)
+//   stochastic: q = clamp(floor(fl32(v + u_i)), 0, B)    u_i = counter uniform at offset + i
+//   dequantized: fl32(fl32(float(q) * fl32(range / B)) + zero)
+//
+// The values of the flattened [rows, width] tensor form one dense
+// little-endian bit stream (element i at bit i*bits), so rows do not start on
+// byte boundaries. Threads get blocks of whole rows whose first element is a
+// multiple of 8 (row boundaries at multiples of 8 / gcd(width, 8) rows), so
+// every block starts on a byte boundary and no two threads write one byte.
+// Inside a block each row is read once from memory for its min/max (an
+// integer min/max over order-preserving keys of the float bits: exact,
+// order-free, and it finds NaN), then again from L1/L2 to quantize into a
+// small staging buffer that is packed 8 values (= `bits` bytes) at a time.
+//
+// x should be finite. As in the reference, a row holding +-Inf quantizes to
+// level 0 with range = inf, and a row holding a NaN to level 0 with zero =
+// range = NaN: both dequantize to NaN rows, so a diverged run stays visible
+// instead of failing here. Signed zeros: the min/max keys order -0 below +0,
+// so a row whose minimum is a zero stores zero = -0 if it holds a -0 (torch's
+// amin may return either zero there); integers and dequantized values agree.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu_isa.h"
+#include "cpu_mem.h"
+#include "cpu_threads.h"
+#include "qtrain_ops.h"
+#include "qtrain_rng.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "compress_cpu.cpp packs bit streams through little-endian integer stores"
+#endif
+
+namespace qtrain {
+namespace {
+
+// ---------------------------------------------------------------- kernel bodies
+
+// A signed integer with the order of the float whose bits are b (-0 < +0;
+// NaNs below -inf or above +inf by their sign).
+QT_ALWAYS_INLINE int32_t order_key(uint32_t b) {
+  const int32_t s = static_cast<int32_t>(b);
+  return s ^ ((s >> 31) & 0x7fffffff);
+}
+constexpr int32_t kKeyNegInf = static_cast<int32_t>(0x807fffffu);  // order_key(-inf)
+constexpr int32_t kKeyPosInf = 0x7f800000;                         // order_key(+inf)
+constexpr uint32_t kQuietNaN = 0x7fc00000u;
+
+struct RowKeys {
+  int32_t lo;
+  int32_t hi;
+};
+
+QT_ALWAYS_INLINE RowKeys row_keys_body(const float* __restrict x, int64_t n) {
+  int32_t lo = std::numeric_limits<int32_t>::max();
+  int32_t hi = std::numeric_limits<int32_t>::min();
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, sizeof b);
+    const int32_t k = order_key(b);
+    lo = k < lo ? k : lo;
+    hi = k > hi ? k : hi;
+  }
+  return {lo, hi};
+}
+
+// Ties-to-even rounding for 0 <= v < 2^22: v + 1.5*2^23 lands where the float
+// spacing is 1, so the add rounds to the nearest integer and the subtraction
+// is exact.
+QT_ALWAYS_INLINE float rint_small(float v) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  return (v + magic) - magic;
+}
+
+// clamp(v, 0, top) as torch does it for what follows: NaN -> 0 (torch turns a
+// NaN into uint8 0), +inf -> top. v > 0 ? v : 0 is maxps's own definition.
+QT_ALWAYS_INLINE float clamp_levels(float v, float top) {
+  v = v > 0.0f ? v : 0.0f;
+  return v < top ? v : top;
+}
+
+QT_ALWAYS_INLINE void nearest_body(const float* __restrict x, uint8_t* __restrict q, int64_t n,
+                                   float zero, float inv, float top) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = (x[i] - zero) * inv;
+    // clamp before rint: both bounds are integers, so this equals clamp(rint(v))
+    q[i] = static_cast<uint8_t>(static_cast<int32_t>(rint_small(clamp_levels(v, top))));
+  }
+}
+
+QT_ALWAYS_INLINE void stochastic_body(const float* __restrict x, uint8_t* __restrict q, int64_t n,
+                                      float zero, float inv, float top, uint32_t lo0, uint32_t k1,
+                                      uint32_t kh) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = rng::to_unit(rng::bits_lo(k1, kh, lo0 + static_cast<uint32_t>(i)));
+    const float w = (x[i] - zero) * inv + u;
+    // clamp first: on [0, top] truncation is floor, and floor(clamp) == clamp(floor)
+    q[i] = static_cast<uint8_t>(static_cast<int32_t>(clamp_levels(w, top)));
+  }
+}
+
+QT_ALWAYS_INLINE void dequant_body(const uint8_t* __restrict q, float* __restrict out, int64_t n,
+                                   float step, float zero) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(q[i]) * step + zero;
+}
+
+// Bits 1, 2, 4: 8 values (one per byte of a uint64, < 2^B after the mask) to
+// 8*B bits by three doubling steps, and back.
+template <int B>
+struct Packing {
+  static_assert(B == 1 || B == 2 || B == 4, "packing of 1, 2 or 4 bits");
+  static constexpr uint64_t m8 = 0x0101010101010101ull * ((1ull << B) - 1);
+  static constexpr uint64_t m16 = 0x0001000100010001ull * ((1ull << (2 * B)) - 1);
+  static constexpr uint64_t m32 = 0x0000000100000001ull * ((1ull << (4 * B)) - 1);
+  static constexpr uint64_t m64 = (1ull << (8 * B)) - 1;
+  // one group of 8 values per B bytes
+  using Word = typename std::conditional<
+      B == 1, uint8_t, typename std::conditional<B == 2, uint16_t, uint32_t>::type>::type;
+
+  static QT_ALWAYS_INLINE uint64_t squeeze(uint64_t t) {
+    t &= m8;
+    t = (t | (t >> (8 - B))) & m16;
+    t = (t | (t >> (16 - 2 * B))) & m32;
+    return (t | (t >> (32 - 4 * B))) & m64;
+  }
+  static QT_ALWAYS_INLINE uint64_t spread(uint64_t t) {
+    t = (t | (t << (32 - 4 * B))) & m32;
+    t = (t | (t << (16 - 2 * B))) & m16;
+    return (t | (t << (8 - B))) & m8;
+  }
+};
+
+template <int B>
+QT_ALWAYS_INLINE void pack_body(const uint8_t* __restrict in, uint8_t* __restrict out,
+                                int64_t groups) {
+  using P = Packing<B>;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint64_t t;
+    std::memcpy(&t, in + 8 * g, sizeof t);
+    const auto w = static_cast<typename P::Word>(P::squeeze(t));
+    std::memcpy(out + B * g, &w, sizeof w);
+  }
+}
+
+template <int B>
+QT_ALWAYS_INLINE void unpack_body(const uint8_t* __restrict in, uint8_t* __restrict out,
+                                  int64_t groups) {
+  using P = Packing<B>;
+  for (int64_t g = 0; g < groups; ++g) {
+    typename P::Word w;
+    std::memcpy(&w, in + B * g, sizeof w);
+    const uint64_t t = P::spread(static_cast<uint64_t>(w));
+    std::memcpy(out + 8 * g, &t, sizeof t);
+  }
+}
+
+// +-mag with the sign bit of the counter hash (h >= 2^31 -> -mag).
+QT_ALWAYS_INLINE void signs_body(float* __restrict out, int64_t n, uint32_t mag_bits, uint32_t lo0,
+                                 uint32_t k1, uint32_t kh) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t h = rng::bits_lo(k1, kh, lo0 + static_cast<uint32_t>(i));
+    const uint32_t b = mag_bits | (h & 0x80000000u);
+    std::memcpy(out + i, &b, sizeof b);
+  }
+}
+
+// ---------------------------------------------------------------- ISA variants
+
+using PackFn = void (*)(const uint8_t*, uint8_t*, int64_t);
+
+struct Kernels {
+  RowKeys (*row_keys)(const float*, int64_t);
+  void (*nearest)(const float*, uint8_t*, int64_t, float, float, float);
+  void (*stochastic)(const float*, uint8_t*, int64_t, float, float, float, uint32_t, uint32_t,
+                     uint32_t);
+  void (*dequant)(const uint8_t*, float*, int64_t, float, float);
+  PackFn pack[3];    // bits 1, 2, 4
+  PackFn unpack[3];  // bits 1, 2, 4
+  void (*signs)(float*, int64_t, uint32_t, uint32_t, uint32_t, uint32_t);
+};
+
+#define QT_DEFINE_VARIANT(NAME, ATTR)                                                          \
+  ATTR RowKeys row_keys_##NAME(const float* x, int64_t n) { return row_keys_body(x, n); }      \
+  ATTR void nearest_##NAME(const float* x, uint8_t* q, int64_t n, float zero, float inv,       \
+                           float top) {                                                        \
+    nearest_body(x, q, n, zero, inv, top);                                                     \
+  }                                                                                            \
+  ATTR void stochastic_##NAME(const float* x, uint8_t* q, int64_t n, float zero, float inv,    \
+                              float top, uint32_t lo0, uint32_t k1, uint32_t kh) {             \
+    stochastic_body(x, q, n, zero, inv, top, lo0, k1, kh);                                     \
+  }                                                                                            \
+  ATTR void dequant_##NAME(const uint8_t* q, float* out, int64_t n, float step, float zero) {  \
+    dequant_body(q, out, n, step, zero);                                                       \
+  }                                                                                            \
+  ATTR void pack1_##NAME(const uint8_t* in, uint8_t* out, int64_t g) { pack_body<1>(in, out, g); } \
+  ATTR void pack2_##NAME(const uint8_t* in, uint8_t* out, int64_t g) { pack_body<2>(in, out, g); } \
+  ATTR void pack4_##NAME(const uint8_t* in, uint8_t* out, int64_t g) { pack_body<4>(in, out, g); } \
+  ATTR void unpack1_##NAME(const uint8_t* in, uint8_t* out, int64_t g) {                       \
+    unpack_body<1>(in, out, g);                                                                \
+  }                                                                                            \
+  ATTR void unpack2_##NAME(const uint8_t* in, uint8_t* out, int64_t g) {                       \
+    unpack_body<2>(in, out, g);                                                                \
+  }                                                                                            \
+  ATTR void unpack4_##NAME(const uint8_t* in, uint8_t* out, int64_t g) {                       \
+    unpack_body<4>(in, out, g);                                                                \
+  }                                                                                            \
+  ATTR void signs_##NAME(float* out, int64_t n, uint32_t mag_bits, uint32_t lo0, uint32_t k1,  \
+                         uint32_t kh) {                                                        \
+    signs_body(out, n, mag_bits, lo0, k1, kh);                                                 \
+  }                                                                                            \
+  const Kernels kernels_##NAME = {row_keys_##NAME,                                             \
+                                  nearest_##NAME,                                              \
+                                  stochastic_##NAME,                                           \
+                                  dequant_##NAME,                                              \
+                                  {pack1_##NAME, pack2_##NAME, pack4_##NAME},                  \
+                                  {unpack1_##NAME, unpack2_##NAME, unpack4_##NAME},            \
+                                  signs_##NAME};
+
+#define QT_NO_ATTR
+QT_DEFINE_VARIANT(default, QT_NO_ATTR)
+#if QT_X86_DISPATCH
+QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2)
+QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
+#endif
+
+const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
+
+// ---------------------------------------------------------------- helpers
+
+// Elements per thread at least (one thread compresses ~1M floats in about 1 ms).
+constexpr int64_t kGrain = int64_t{1} << 18;
+// Values staged between quantizing and packing (and unpacking and
+// dequantizing): a multiple of 8, small enough for L1.
+constexpr int64_t kTile = 4096;
+
+int bits_index(int64_t bits) { return bits == 1 ? 0 : bits == 2 ? 1 : 2; }
+
+void check_bits(const char* fn, int64_t bits) {
+  TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 4 || bits == 8, fn,
+                    ": bits must be one of 1, 2, 4, 8, got ", bits);
+}
+
+void check_counter_range(const char* fn, int64_t n, int64_t offset) {
+  TORCH_CHECK_VALUE(offset >= 0, fn, ": offset must be >= 0, got ", offset);
+  TORCH_CHECK_VALUE(n <= std::numeric_limits<int64_t>::max() - offset, fn,
+                    ": offset + numel must stay below 2^63, got offset ", offset, " and numel ",
+                    n);
+}
+
+// Bytes that n values of `bits` bits take packed (n < 2^60 checked by the callers).
+int64_t packed_bytes(int64_t n, int64_t bits) { return (n * bits + 7) / 8; }
+
+void check_count(const char* fn, int64_t n) {
+  TORCH_CHECK_VALUE(n >= 0 && n <= (int64_t{1} << 60), fn,
+                    ": element count must be in [0, 2^60], got ", n);
+}
+
+// Pack the first n (<= 8) values of in (zero-padded) and write only the
+// packed_bytes(n) bytes that exist: the stream's last, partial group.
+void pack_tail(const Kernels& K, const uint8_t* in, int64_t n, uint8_t* out, int64_t bits) {
+  if (n <= 0) return;
+  uint8_t vals[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint8_t bytes[8];
+  std::memcpy(vals, in, static_cast<size_t>(n));
+  K.pack[bits_index(bits)](vals, bytes, 1);
+  std::memcpy(out, bytes, static_cast<size_t>(packed_bytes(n, bits)));
+}
+
+// Unpack the stream's last, partial group (n <= 8 values) reading only its bytes.
+void unpack_tail(const Kernels& K, const uint8_t* in, int64_t n, uint8_t* out, int64_t bits) {
+  if (n <= 0) return;
+  uint8_t bytes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  uint8_t vals[8];
+  std::memcpy(bytes, in, static_cast<size_t>(packed_bytes(n, bits)));
+  K.unpack[bits_index(bits)](bytes, vals, 1);
+  std::memcpy(out, vals, static_cast<size_t>(n));
+}
+
+// Thread t of T: rows [b, e), boundaries on multiples of `align` rows.
+std::pair<int64_t, int64_t> split_rows(int64_t rows, int64_t align, int t, int T) {
+  int64_t chunk = (rows + T - 1) / T;
+  chunk = (chunk + align - 1) / align * align;
+  const int64_t b = std::min(rows, chunk * t);
+  return {b, std::min(rows, b + chunk)};
+}
+
+// Run body(thread, row_begin, row_end) over the rows of a [rows, width]
+// stream, each block starting on a byte boundary of the packed stream.
+template <typename F>
+void parallel_rows(int64_t rows, int64_t width, const F& body) {
+  int64_t g = 8;
+  for (int64_t w = width % 8; w != 0;) {  // gcd(width, 8)
+    const int64_t r = g % w;
+    g = w;
+    w = r;
+  }
+  const int64_t align = 8 / g;
+  const int64_t blocks = (rows + align - 1) / align;
+  int nt = plan_threads(rows * width, kGrain);
+  nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(blocks, 1)));
+#ifdef _OPENMP
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num();
+      const auto r = split_rows(rows, align, t, omp_get_num_threads());
+      if (r.first < r.second) body(t, r.first, r.second);
+    }
+    return;
+  }
+#endif
+  (void)nt;
+  body(0, int64_t{0}, rows);
+}
+
+// Run body(begin, end) over [0, n) in contiguous ranges, boundaries on multiples of 64.
+template <typename F>
+void parallel_ranges(int64_t n, const F& body) {
+  const int nt = plan_threads(n, kGrain);
+#ifdef _OPENMP
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    {
+      const int T = omp_get_num_threads();
+      int64_t chunk = (n + T - 1) / T;
+      chunk = (chunk + 63) & ~int64_t{63};
+      const int64_t b = std::min(n, chunk * omp_get_thread_num());
+      const int64_t e = std::min(n, b + chunk);
+      if (b < e) body(b, e);
+    }
+    return;
+  }
+#endif
+  (void)nt;
+  body(int64_t{0}, n);
+}
+
+// Split [begin, end) of a counter stream at 2^32 boundaries of the counter,
+// so the high word (and its block key) is constant inside each call.
+template <typename F>
+void for_counter_segments(uint64_t offset, int64_t begin, int64_t end, const F& seg) {
+  uint64_t c = offset + static_cast<uint64_t>(begin);
+  int64_t i = begin;
+  while (i < end) {
+    const auto lo = static_cast<uint32_t>(c);
+    const auto hi = static_cast<uint32_t>(c >> 32);
+    const int64_t room = static_cast<int64_t>((uint64_t{1} << 32) - lo);
+    const int64_t len = std::min(end - i, room);
+    seg(i, len, lo, hi);
+    i += len;
+    c += static_cast<uint64_t>(len);
+  }
+}
+
+// float from bits and back
+float as_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+uint32_t as_bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+struct QuantizeArgs {
+  const Kernels* K;
+  const float* x;
+  int64_t width;
+  int64_t bits;
+  bool stochastic;
+  rng::Keys keys;
+  uint64_t offset;
+  uint8_t* packed;
+  uint16_t* zero;
+  uint16_t* range;
+};
+
+// One quantizing thread's rows [r0, r1); r0 * width is a multiple of 8.
+void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1) {
+  const Kernels& K = *a.K;
+  const int64_t width = a.width;
+  const auto top = static_cast<float>((1 << a.bits) - 1);
+  alignas(64) uint8_t buf[kTile + 8];
+  int64_t fill = 0;
+  uint8_t* out = a.packed + r0 * width / 8 * a.bits;
+  const PackFn pack = a.bits == 8 ? nullptr : K.pack[bits_index(a.bits)];
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = a.x + r * width;
+    const RowKeys k = K.row_keys(xr, width);
+    // A row holding a NaN gets zero = range = NaN (torch's amin / amax propagate
+    // it), so inv = 0, every value NaN -> level 0, and the row dequantizes to NaN,
+    // as in the reference. +-Inf rows need no case: range = inf, inv = 0, level 0.
+    const bool nan = k.lo < kKeyNegInf || k.hi > kKeyPosInf;
+    uint32_t min_bits = static_cast<uint32_t>(order_key(static_cast<uint32_t>(k.lo)));
+    uint32_t max_bits = static_cast<uint32_t>(order_key(static_cast<uint32_t>(k.hi)));
+    if (nan) min_bits = max_bits = kQuietNaN;
+    // zero = bf16_floor(min): truncate, and below zero step the magnitude up
+    uint32_t zb = min_bits & 0xffff0000u;
+    if (zb != min_bits && (min_bits >> 31) != 0) zb += 0x10000u;
+    const float zero = as_float(zb);
+    // range = bf16_ceil(fl32(max - zero)), max - zero >= 0
+    const float diff = as_float(max_bits) - zero;
+    const uint32_t db = as_bits(diff);
+    uint32_t rb = db & 0xffff0000u;
+    if (rb != db) rb += 0x10000u;
+    const float range = as_float(rb);
+    const float inv = range > 0.0f ? top / range : 0.0f;
+    a.zero[r] = static_cast<uint16_t>(zb >> 16);
+    a.range[r] = static_cast<uint16_t>(rb >> 16);
+
+    for (int64_t j = 0; j < width;) {
+      uint8_t* dst;
+      int64_t len;
+      if (pack == nullptr) {  // 8 bits: the stream is the values themselves
+        dst = a.packed + r * width + j;
+        len = width - j;
+      } else {
+        dst = buf + fill;
+        len = std::min(width - j, kTile - fill);
+      }
+      if (!a.stochastic) {
+        K.nearest(xr + j, dst, len, zero, inv, top);
+      } else {
+        const int64_t first = r * width + j;
+        for_counter_segments(a.offset, first, first + len,
+                             [&](int64_t i, int64_t n, uint32_t lo, uint32_t hi) {
+                               K.stochastic(a.x + i, dst + (i - first), n, zero, inv, top, lo,
+                                            a.keys.k1, rng::block_key(a.keys, hi));
+                             });
+      }
+      j += len;
+      if (pack != nullptr) {
+        fill += len;
+        if (fill == kTile) {
+          pack(buf, out, kTile / 8);
+          out += kTile / 8 * a.bits;
+          fill = 0;
+        }
+      }
+    }
+  }
+  if (pack != nullptr && fill > 0) {
+    const int64_t groups = fill / 8;
+    pack(buf, out, groups);
+    pack_tail(K, buf + 8 * groups, fill - 8 * groups, out + groups * a.bits, a.bits);
+  }
+}
+
+struct DequantizeArgs {
+  const Kernels* K;
+  const uint8_t* packed;
+  const uint16_t* zero;
+  const uint16_t* range;
+  int64_t width;
+  int64_t bits;
+  float* out;
+};
+
+// One dequantizing thread's rows [r0, r1); r0 * width is a multiple of 8.
+void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1) {
+  const Kernels& K = *a.K;
+  const int64_t width = a.width;
+  const auto levels = static_cast<float>((1 << a.bits) - 1);
+  alignas(64) uint8_t buf[kTile + 8];
+  int64_t pos = 0, avail = 0;
+  int64_t left = (r1 - r0) * width;  // values not yet unpacked
+  const uint8_t* in = a.packed + r0 * width / 8 * a.bits;
+  const PackFn unpack = a.bits == 8 ? nullptr : K.unpack[bits_index(a.bits)];
+  for (int64_t r = r0; r < r1; ++r) {
+    const float zero = as_float(static_cast<uint32_t>(a.zero[r]) << 16);
+    const float step = as_float(static_cast<uint32_t>(a.range[r]) << 16) / levels;
+    float* orow = a.out + r * width;
+    if (unpack == nullptr) {
+      K.dequant(a.packed + r * width, orow, width, step, zero);
+      continue;
+    }
+    for (int64_t j = 0; j < width;) {
+      if (pos == avail) {
+        const int64_t n = std::min(kTile, left);
+        const int64_t groups = n / 8;
+        unpack(in, buf, groups);
+        unpack_tail(K, in + groups * a.bits, n - 8 * groups, buf + 8 * groups, a.bits);
+        in += groups * a.bits;  // a partial group is the stream's end
+        left -= n;
+        pos = 0;
+        avail = n;
+      }
+      const int64_t len = std::min(width - j, avail - pos);
+      K.dequant(buf + pos, orow + j, len, step, zero);
+      pos += len;
+      j += len;
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- ops
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in, int64_t bits,
+                                                             bool stochastic, uint64_t seed,
+                                                             int64_t offset) {
+  constexpr const char* fn = "qtrain._ext.quantize_rows";
+  check_bits(fn, bits);
+  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat && x_in.dim() == 2, fn,
+                   ": x must be a 2-d float32 tensor [rows, width], got ", x_in.scalar_type(),
+                   " ", x_in.sizes());
+  TORCH_CHECK_VALUE(x_in.device().is_cpu(), fn, ": x must be a CPU tensor, got device ",
+                    x_in.device());
+  TORCH_CHECK_VALUE(x_in.layout() == at::kStrided, fn, ": x must be a dense (strided) tensor");
+  const int64_t rows = x_in.size(0), width = x_in.size(1);
+  const int64_t n = x_in.numel();
+  check_count(fn, n);
+  check_counter_range(fn, n, offset);
+
+  const auto u8 = x_in.options().dtype(at::kByte);
+  const auto bf16 = x_in.options().dtype(at::kBFloat16);
+  if (rows == 0 || width == 0) {
+    return {at::zeros({0}, u8), at::zeros({rows}, bf16), at::zeros({rows}, bf16)};
+  }
+  const at::Tensor x = x_in.contiguous();
+  const int64_t nbytes = packed_bytes(n, bits);
+  at::Tensor packed = at::empty({nbytes}, u8);
+  at::Tensor zero = at::empty({rows}, bf16);
+  at::Tensor range = at::empty({rows}, bf16);
+
+  QuantizeArgs a;
+  a.K = &kernels();
+  a.x = x.const_data_ptr<float>();
+  a.width = width;
+  a.bits = bits;
+  a.stochastic = stochastic;
+  a.keys = rng::keys_from_seed(seed);
+  a.offset = static_cast<uint64_t>(offset);
+  a.packed = static_cast<uint8_t*>(packed.mutable_data_ptr());
+  a.zero = static_cast<uint16_t*>(zero.mutable_data_ptr());
+  a.range = static_cast<uint16_t*>(range.mutable_data_ptr());
+  advise_huge_pages(a.packed, static_cast<size_t>(nbytes));
+
+  parallel_rows(rows, width, [&](int, int64_t r0, int64_t r1) { quantize_block(a, r0, r1); });
+  return {packed, zero, range};
+}
+
+at::Tensor dequantize_rows(const at::Tensor& packed_in, const at::Tensor& zero_in,
+                           const at::Tensor& range_in, int64_t bits, int64_t width) {
+  constexpr const char* fn = "qtrain._ext.dequantize_rows";
+  check_bits(fn, bits);
+  TORCH_CHECK_TYPE(zero_in.scalar_type() == at::kBFloat16 &&
+                       range_in.scalar_type() == at::kBFloat16 &&
+                       zero_in.sizes() == range_in.sizes(),
+                   fn, ": zero and range must be bfloat16 tensors of one shape [rows], got ",
+                   zero_in.scalar_type(), " ", zero_in.sizes(), " and ", range_in.scalar_type(),
+                   " ", range_in.sizes());
+  TORCH_CHECK_TYPE(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1, fn,
+                   ": packed must be a 1-d uint8 tensor, got ", packed_in.scalar_type(), " ",
+                   packed_in.sizes());
+  TORCH_CHECK_VALUE(packed_in.device().is_cpu() && zero_in.device().is_cpu() &&
+                        range_in.device().is_cpu(),
+                    fn, ": packed, zero and range must be CPU tensors");
+  TORCH_CHECK_VALUE(width >= 0, fn, ": width must be >= 0, got ", width);
+  const int64_t rows = zero_in.numel();
+  TORCH_CHECK_VALUE(width == 0 || rows <= (int64_t{1} << 60) / width, fn,
+                    ": rows * width too large: ", rows, " x ", width);
+  const int64_t n = rows * width;
+  TORCH_CHECK_VALUE(packed_in.numel() >= packed_bytes(n, bits), fn, ": packed has ",
+                    packed_in.numel(), " bytes, ", n, " values of ", bits, " bits need ",
+                    packed_bytes(n, bits));
+  at::Tensor out = at::empty({rows, width}, packed_in.options().dtype(at::kFloat));
+  if (n == 0) return out;
+  const at::Tensor packed = packed_in.contiguous();
+  const at::Tensor zero = zero_in.contiguous();
+  const at::Tensor range = range_in.contiguous();
+
+  DequantizeArgs a;
+  a.K = &kernels();
+  a.packed = static_cast<const uint8_t*>(packed.const_data_ptr());
+  a.zero = static_cast<const uint16_t*>(zero.const_data_ptr());
+  a.range = static_cast<const uint16_t*>(range.const_data_ptr());
+  a.width = width;
+  a.bits = bits;
+  a.out = out.mutable_data_ptr<float>();
+  advise_huge_pages(a.out, static_cast<size_t>(n) * sizeof(float));
+  parallel_rows(rows, width,
+                [&](int, int64_t r0, int64_t r1) { dequantize_block(a, r0, r1); });
+  return out;
+}
+
+at::Tensor pack_bits(const at::Tensor& values_in, int64_t bits) {
+  constexpr const char* fn = "qtrain._ext.pack_bits";
+  check_bits(fn, bits);
+  TORCH_CHECK_TYPE(values_in.scalar_type() == at::kByte || values_in.scalar_type() == at::kBool,
+                   fn, ": values must be uint8 or bool, got ", values_in.scalar_type());
+  TORCH_CHECK_VALUE(values_in.device().is_cpu(), fn, ": values must be a CPU tensor");
+  TORCH_CHECK_VALUE(values_in.layout() == at::kStrided, fn,
+                    ": values must be a dense (strided) tensor");
+  const int64_t n = values_in.numel();
+  check_count(fn, n);
+  const at::Tensor values = values_in.contiguous();
+  const int64_t nbytes = packed_bytes(n, bits);
+  at::Tensor out = at::empty({nbytes}, values.options().dtype(at::kByte));
+  if (n == 0) return out;
+  const auto* in = static_cast<const uint8_t*>(values.const_data_ptr());
+  auto* op = static_cast<uint8_t*>(out.mutable_data_ptr());
+  advise_huge_pages(op, static_cast<size_t>(nbytes));
+  if (bits == 8) {
+    parallel_ranges(n, [&](int64_t b, int64_t e) {
+      std::memcpy(op + b, in + b, static_cast<size_t>(e - b));
+    });
+    return out;
+  }
+  const Kernels& K = kernels();
+  const PackFn pack = K.pack[bits_index(bits)];
+  const int64_t groups = n / 8;
+  parallel_ranges(groups, [&](int64_t b, int64_t e) { pack(in + 8 * b, op + bits * b, e - b); });
+  pack_tail(K, in + 8 * groups, n - 8 * groups, op + bits * groups, bits);
+  return out;
+}
+
+at::Tensor unpack_bits(const at::Tensor& packed_in, int64_t bits, int64_t n) {
+  constexpr const char* fn = "qtrain._ext.unpack_bits";
+  check_bits(fn, bits);
+  TORCH_CHECK_TYPE(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1, fn,
+                   ": packed must be a 1-d uint8 tensor, got ", packed_in.scalar_type(), " ",
+                   packed_in.sizes());
+  TORCH_CHECK_VALUE(packed_in.device().is_cpu(), fn, ": packed must be a CPU tensor");
+  check_count(fn, n);
+  TORCH_CHECK_VALUE(packed_in.numel() >= packed_bytes(n, bits), fn, ": packed has ",
+                    packed_in.numel(), " bytes, ", n, " values of ", bits, " bits need ",
+                    packed_bytes(n, bits));
+  at::Tensor out = at::empty({n}, packed_in.options());
+  if (n == 0) return out;
+  const at::Tensor packed = packed_in.contiguous();
+  const auto* in = static_cast<const uint8_t*>(packed.const_data_ptr());
+  auto* op = static_cast<uint8_t*>(out.mutable_data_ptr());
+  advise_huge_pages(op, static_cast<size_t>(n));
+  if (bits == 8) {
+    parallel_ranges(n, [&](int64_t b, int64_t e) {
+      std::memcpy(op + b, in + b, static_cast<size_t>(e - b));
+    });
+    return out;
+  }
+  const Kernels& K = kernels();
+  const PackFn unpack = K.unpack[bits_index(bits)];
+  const int64_t groups = n / 8;
+  parallel_ranges(groups,
+                  [&](int64_t b, int64_t e) { unpack(in + bits * b, op + 8 * b, e - b); });
+  unpack_tail(K, in + bits * groups, n - 8 * groups, op + 8 * groups, bits);
+  return out;
+}
+
+at::Tensor rademacher(int64_t d, int64_t k, uint64_t seed, int64_t offset) {
+  constexpr const char* fn = "qtrain._ext.rademacher";
+  TORCH_CHECK_VALUE(d >= 0 && k >= 1, fn, ": need d >= 0 and k >= 1, got d=", d, ", k=", k);
+  TORCH_CHECK_VALUE(d <= std::numeric_limits<int64_t>::max() / k, fn, ": d * k overflows: d=", d,
+                    ", k=", k);
+  const int64_t n = d * k;
+  check_counter_range(fn, n, offset);
+  at::Tensor out = at::empty({d, k}, at::TensorOptions().dtype(at::kFloat));
+  if (n == 0) return out;
+  float* op = out.mutable_data_ptr<float>();
+  advise_huge_pages(op, static_cast<size_t>(n) * sizeof(float));
+  // fl32(1 / sqrt(k)): both double operations are correctly rounded, as in Python
+  const uint32_t mag_bits =
+      as_bits(static_cast<float>(1.0 / std::sqrt(static_cast<double>(k))));
+  const Kernels& K = kernels();
+  const rng::Keys keys = rng::keys_from_seed(seed);
+  parallel_ranges(n, [&](int64_t b, int64_t e) {
+    for_counter_segments(static_cast<uint64_t>(offset), b, e,
+                         [&](int64_t i, int64_t len, uint32_t lo, uint32_t hi) {
+                           K.signs(op + i, len, mag_bits, lo, keys.k1, rng::block_key(keys, hi));
+                         });
+  });
+  return out;
+}
+
+}  // namespace qtrain
