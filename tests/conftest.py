@@ -5,10 +5,29 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+
+
+def ext_or_skip() -> ModuleType:
+    """qtrain._ext, or skip the test with the reason the backend reports."""
+    from qtrain import backends
+
+    if not backends.available("ext-cpu"):
+        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
+    return backends.ext_cpu()
+
+
+@pytest.fixture
+def isas() -> Iterator[list[str]]:
+    """Every ISA variant this CPU runs; the variant in use is restored afterwards."""
+    ext = ext_or_skip()
+    before = ext.info()["isa"]
+    yield list(ext.info()["isa_supported"])
+    ext.set_isa(before)
 
 
 @pytest.fixture

@@ -9,13 +9,11 @@ Rademacher matrix, for every ISA variant this CPU runs and 1 / 2 threads.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from types import ModuleType
 
 import pytest
 import torch
+from conftest import ext_or_skip
 
-from qtrain import backends
 from qtrain.ops import compress, dispatch
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
@@ -26,22 +24,6 @@ ROUNDINGS = ("nearest", "stochastic")
 WIDTHS = (1, 3, 5, 17, 33, 127, 129, 256)
 # (seed, offset): offsets next to 2^32 make the counter's high word change inside a row
 STREAMS = ((0, 0), (-1, 2**32 - 50), (2**64 - 7, 12345))
-
-
-def _ext() -> ModuleType:
-    """qtrain._ext, or skip the test with the reason the backend reports."""
-    if not backends.available("ext-cpu"):
-        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
-    return backends.ext_cpu()
-
-
-@pytest.fixture
-def isas() -> Iterator[list[str]]:
-    """Every ISA variant this CPU runs; the variant in use is restored afterwards."""
-    ext = _ext()
-    before = ext.info()["isa"]
-    yield list(ext.info()["isa_supported"])
-    ext.set_isa(before)
 
 
 def _rows(rows: int, width: int, seed: int) -> torch.Tensor:
@@ -236,7 +218,7 @@ def test_reference_rademacher() -> None:
 def test_ext_quantize_rows_matches_reference(
     bits: int, rounding: str, isas: list[str], threads: None
 ) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     for width in WIDTHS:
         for rows in (0, 1, 37):
             x = _rows(rows, width, seed=width * 100 + rows)
@@ -256,7 +238,7 @@ def test_ext_quantize_rows_matches_reference(
 @pytest.mark.parametrize("bits", BITS)
 def test_ext_rows_split_across_threads(bits: int, isas: list[str], threads: None) -> None:
     """Enough elements that two threads really split the rows (width 129: blocks of 8 rows)."""
-    ext = _ext()
+    ext = ext_or_skip()
     x = _rows(4201, 129, seed=bits)
     for rounding in ROUNDINGS:
         want = ref.quantize_rows(x, bits, rounding, 9, 2**32 - 300_001)
@@ -271,7 +253,7 @@ def test_ext_rows_split_across_threads(bits: int, isas: list[str], threads: None
 
 
 def test_ext_edge_rows_match_reference(isas: list[str]) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     x = torch.zeros(8, 19)
     x[1] = 3.0  # constant, bfloat16-exact
     x[2] = -0.1  # constant, not bfloat16-exact
@@ -300,7 +282,7 @@ def test_ext_edge_rows_match_reference(isas: list[str]) -> None:
 
 
 def test_ext_empty_inputs(isas: list[str]) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     for isa in isas[:1] + isas[-1:]:
         ext.set_isa(isa)
         for rows, width in ((0, 5), (5, 0), (0, 0)):
@@ -317,7 +299,7 @@ def test_ext_empty_inputs(isas: list[str]) -> None:
 
 def test_ext_non_finite_rows_dequantize_to_nan_as_the_reference(isas: list[str]) -> None:
     """x should be finite; a NaN or Inf must not crash, and gives NaN rows as the reference."""
-    ext = _ext()
+    ext = ext_or_skip()
     x = _rows(9, 21, seed=5)
     x[1, 4] = float("nan")
     x[2, 0] = float("inf")
@@ -344,7 +326,7 @@ def test_ext_non_finite_rows_dequantize_to_nan_as_the_reference(isas: list[str])
 
 
 def test_ext_argument_errors() -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     x = torch.randn(4, 3)
     for bits in (0, 3, 16):
         with pytest.raises(ValueError, match="1, 2, 4, 8"):
@@ -388,7 +370,7 @@ def test_ext_argument_errors() -> None:
 
 @pytest.mark.parametrize("bits", BITS)
 def test_ext_pack_unpack_match_reference(bits: int, isas: list[str], threads: None) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     g = torch.Generator().manual_seed(bits)
     big = 4 * (1 << 20) + 13  # enough 8-value groups for two threads
     for n in (1, 3, 7, 8, 9, 13, 100, 1001, big):
@@ -412,7 +394,7 @@ def test_ext_pack_unpack_match_reference(bits: int, isas: list[str], threads: No
 
 
 def test_ext_rademacher_matches_reference(isas: list[str], threads: None) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     shapes = ((1, 1), (3, 5), (17, 4), (256, 32), (1200, 600))
     for seed, offset in STREAMS:
         for d, k in shapes:
@@ -429,7 +411,7 @@ def test_ext_rademacher_matches_reference(isas: list[str], threads: None) -> Non
 
 
 def test_auto_dispatch_picks_ext_cpu() -> None:
-    _ext()
+    ext_or_skip()
     x = _rows(10, 6, seed=0)
     dispatch.reset()
     try:

@@ -7,8 +7,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from conftest import ext_or_skip
 
-from qtrain import backends
 from qtrain.ops import dispatch
 from qtrain.ops import quantize as quantize_op
 from qtrain.ops.gemm import LAYOUTS, combined_scale, int8_gemm, reference_int8_gemm
@@ -32,17 +32,10 @@ SHAPES = [
 EMPTY_SHAPES = [(0, 3, 4), (4, 0, 5), (5, 3, 0), (0, 0, 0), (3, 0, 1)]
 
 
-def _ext() -> ModuleType:
-    """qtrain._ext, or skip the test with the reason the backend reports."""
-    if not backends.available("ext-cpu"):
-        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
-    return backends.ext_cpu()
-
-
 @pytest.fixture
 def isa_restored() -> Iterator[ModuleType]:
     """The extension, with its ISA variant restored after the test."""
-    ext = _ext()
+    ext = ext_or_skip()
     previous = ext.info()["isa"]
     yield ext
     ext.set_isa(previous)
@@ -197,7 +190,7 @@ def test_ext_constant_and_extreme_operands(
 @pytest.mark.parametrize("bits", range(2, 9))
 def test_ext_on_quantized_float_data(layout: str, bits: int) -> None:
     """Operands as the training loop makes them: quantize() of random float data."""
-    ext = _ext()
+    ext = ext_or_skip()
     g = torch.Generator().manual_seed(bits)
     m, k, n = 37, 65, 47
     xa = torch.randn((k, m) if layout == "tn" else (m, k), generator=g)
@@ -232,7 +225,7 @@ def test_ext_scale_edge_values(isa_restored: ModuleType) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_ext_non_contiguous_inputs(layout: str) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     make = _rand(11)
     m, k, n = 23, 45, 37
     qa, qb = _operands(m, k, n, layout, make)
@@ -249,8 +242,8 @@ def test_ext_non_contiguous_inputs(layout: str) -> None:
 # ------------------------------------------------------------------ dispatch and errors
 
 
-def test_dispatch_counts_ext() -> None:
-    _ext()
+def test_dispatch_countsext_or_skip() -> None:
+    ext_or_skip()
     dispatch.reset()
     try:
         qa, qb = _operands(4, 5, 6, "nn", _rand(2))
@@ -265,7 +258,7 @@ def test_dispatch_counts_ext() -> None:
 
 
 def test_ext_validates_arguments() -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     a = torch.zeros(3, 4, dtype=torch.int8)
     b = torch.zeros(4, 5, dtype=torch.int8)
     with pytest.raises(TypeError, match="qa must be int8"):

@@ -8,13 +8,12 @@ absolute terms. Every ISA variant this CPU runs and 1 / 2 threads are checked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from types import ModuleType
+from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import ext_or_skip
 
-from qtrain import backends
 from qtrain.ops import dispatch
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import (
@@ -29,22 +28,6 @@ from qtrain.ops.sparse import (
 WIDTHS = (1, 3, 5, 17, 33, 64, 127, 129)
 INDEX_DTYPES = (torch.int32, torch.int64)
 EPS32 = 2.0**-23
-
-
-def _ext() -> ModuleType:
-    """qtrain._ext, or skip the test with the reason the backend reports."""
-    if not backends.available("ext-cpu"):
-        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
-    return backends.ext_cpu()
-
-
-@pytest.fixture
-def isas() -> Iterator[list[str]]:
-    """Every ISA variant this CPU runs; the variant in use is restored afterwards."""
-    ext = _ext()
-    before = ext.info()["isa"]
-    yield list(ext.info()["isa_supported"])
-    ext.set_isa(before)
 
 
 def _csr(
@@ -103,7 +86,7 @@ def _weighted_check(
 def test_copy_spmm_bit_exact(
     dtype: torch.dtype, heads: int, kind: str, isas: list[str], threads: None
 ) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     indptr, indices = _csr(61, 47, 5, kind, seed=heads, dtype=dtype)
     for i, width in enumerate(WIDTHS):
         q, scale = _quantized(_q_shape(47, heads, width), bits=2 + i % 7, seed=i)
@@ -122,7 +105,7 @@ def test_copy_spmm_bit_exact(
 def test_weighted_spmm_matches_reference(
     dtype: torch.dtype, heads: int, with_eids: bool, isas: list[str], threads: None
 ) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     indptr, indices = _csr(53, 40, 6, "powerlaw", seed=7 + heads, dtype=dtype)
     nnz = indices.numel()
     gen = torch.Generator().manual_seed(3)
@@ -141,7 +124,7 @@ def test_weighted_spmm_matches_reference(
 
 def test_spmm_thread_count_and_isa_do_not_change_bits(isas: list[str], threads: None) -> None:
     """Rows are summed whole by one thread in CSR order: the float sums are identical too."""
-    ext = _ext()
+    ext = ext_or_skip()
     indptr, indices = _csr(3000, 2500, 12, "powerlaw", seed=5, dtype=torch.int64)
     q, scale = _quantized((2500, 4, 24), 8, seed=5)
     w = torch.randn(indices.numel(), 4, 1, generator=torch.Generator().manual_seed(5))
@@ -163,7 +146,7 @@ def test_spmm_thread_count_and_isa_do_not_change_bits(isas: list[str], threads: 
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 def test_incidence_form(dtype: torch.dtype, isas: list[str]) -> None:
     """Edge-to-node sums (GAT's backward over [E, H, 1] edge tensors) are the copy form."""
-    ext = _ext()
+    ext = ext_or_skip()
     indptr, indices = _csr(70, 70, 4, "powerlaw", seed=11, dtype=dtype)
     nnz = indices.numel()
     eids = torch.randperm(nnz, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -176,7 +159,7 @@ def test_incidence_form(dtype: torch.dtype, isas: list[str]) -> None:
 
 
 def test_spmm_edge_cases(isas: list[str]) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     for isa in isas:
         ext.set_isa(isa)
         for dtype in INDEX_DTYPES:
@@ -227,7 +210,7 @@ def test_spmm_edge_cases(isas: list[str]) -> None:
 
 def test_spmm_long_row_does_not_overflow_int32() -> None:
     """A row whose int8 sum leaves int32 takes the int64 path (still exact)."""
-    ext = _ext()
+    ext = ext_or_skip()
     deg = (1 << 31) // 128 + 1  # -128 * deg < -2^31
     indptr = torch.tensor([0, deg], dtype=torch.int32)
     out = ext.qspmm(
@@ -243,7 +226,7 @@ def test_spmm_long_row_does_not_overflow_int32() -> None:
 
 
 def test_spmm_errors() -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     indptr = torch.tensor([0, 2, 3])
     indices = torch.tensor([0, 1, 1])
     q = torch.ones(2, 4, dtype=torch.int8)
@@ -287,7 +270,7 @@ def test_spmm_errors() -> None:
 def test_sddmm_bit_exact(
     op: str, dtype: torch.dtype, heads: int, isas: list[str], threads: None
 ) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     gen = torch.Generator().manual_seed(heads)
     n_l, n_r, n_e = 37, 29, 301
     lhs = torch.randint(0, n_l, (n_e,), generator=gen).to(dtype)
@@ -306,7 +289,7 @@ def test_sddmm_bit_exact(
 
 def test_sddmm_large_parallel_matches(isas: list[str], threads: None) -> None:
     """Enough edges that two threads really split them."""
-    ext = _ext()
+    ext = ext_or_skip()
     gen = torch.Generator().manual_seed(9)
     lhs = torch.randint(0, 500, (40000,), generator=gen)
     rhs = torch.randint(0, 500, (40000,), generator=gen)
@@ -323,7 +306,7 @@ def test_sddmm_large_parallel_matches(isas: list[str], threads: None) -> None:
 
 
 def test_sddmm_edge_cases() -> None:
-    _ext()
+    ext_or_skip()
     for op in SDDMM_OPS:
         for dtype in INDEX_DTYPES:
             none = torch.zeros(0, dtype=dtype)
@@ -348,7 +331,7 @@ def test_sddmm_edge_cases() -> None:
 
 
 def test_sddmm_errors() -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     q = torch.ones(3, 4, dtype=torch.int8)
     idx = torch.tensor([0, 2])
     with pytest.raises(ValueError, match="op must be one of"):
@@ -373,7 +356,7 @@ def test_sddmm_errors() -> None:
 
 
 def test_auto_uses_ext_and_counts() -> None:
-    _ext()
+    ext_or_skip()
     dispatch.reset()
     indptr, indices = _csr(10, 10, 3, "uniform", seed=0, dtype=torch.int64)
     q = torch.ones(10, 4, dtype=torch.int8)
@@ -388,7 +371,7 @@ def test_auto_uses_ext_and_counts() -> None:
 
 def test_matches_dgl_message_passing() -> None:
     """The in-CSR of a DGL graph is g.adj_tensors('csc'): (indptr over dst, src, eids)."""
-    _ext()
+    ext_or_skip()
     from qtrain._compat import import_dgl
 
     dgl = import_dgl()

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
+from conftest import ext_or_skip
 
-from qtrain import backends
 from qtrain.quant import (
     counter_uniform,
     dequantize,
@@ -18,13 +18,6 @@ from qtrain.quant import (
 from qtrain.quant.rng import counter_bits, hash32, hash32_int
 
 ROUNDINGS = ("nearest", "stochastic")
-
-
-def _ext():
-    """qtrain._ext, or skip the test with the reason the backend reports."""
-    if not backends.available("ext-cpu"):
-        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
-    return backends.ext_cpu()
 
 
 # ------------------------------------------------------------------ reference
@@ -174,7 +167,7 @@ def test_counter_uniform_beyond_2_32() -> None:
 
 
 def _assert_same(x: torch.Tensor, bits: int, rounding: str, seed: int = 0, offset: int = 0) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     q_ref, s_ref = quantize_symmetric(x, bits, rounding, seed, offset)
     q_ext, s_ext = ext.quantize_symmetric(x, bits, rounding == "stochastic", seed % 2**64, offset)
     assert q_ext.dtype == torch.int8 and q_ext.shape == x.shape
@@ -221,7 +214,7 @@ def test_ext_matches_reference(name: str, rounding: str) -> None:
 
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 def test_ext_same_for_any_thread_count_and_isa(rounding: str, threads: None) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     x = torch.randn(300_001, generator=torch.Generator().manual_seed(5))
     offset = 2**32 - 150_000  # the high word changes inside the tensor
     results = []
@@ -241,7 +234,7 @@ def test_ext_same_for_any_thread_count_and_isa(rounding: str, threads: None) -> 
 
 
 def test_ext_counter_uniform_matches_reference(threads: None) -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     for seed, offset, n in ((0, 0, 1), (5, 3, 1023), (2**64 - 1, 2**32 - 70_000, 140_001)):
         for t in (1, 2):
             torch.set_num_threads(t)
@@ -251,7 +244,7 @@ def test_ext_counter_uniform_matches_reference(threads: None) -> None:
 
 
 def test_ext_validates_arguments() -> None:
-    ext = _ext()
+    ext = ext_or_skip()
     with pytest.raises(ValueError, match=r"2\.\.8"):
         ext.quantize_symmetric(torch.ones(3), 9)
     with pytest.raises(ValueError, match="offset"):
