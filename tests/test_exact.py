@@ -367,3 +367,15 @@ def test_exact_sage_mean_trains_with_finite_gradients(tmp_path: Path) -> None:
     losses = [json.loads(line)["loss"] for line in lines]
     assert len(losses) == 2
     assert all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.parametrize(
+    ("width", "bits", "projected"),
+    [(16, 2, None), (64, 2, (64, 16, 0)), (256, 2, (256, 32, 0)), (16, 8, (16, 4, 0))],
+)
+def test_codec_projects_to_no_fewer_than_32_over_bits_columns(
+    width: int, bits: int, projected: tuple[int, int, int] | None
+) -> None:
+    codec = _codec(bits=bits, rp_ratio=8)
+    stored = codec.encode(torch.randn(300, width, requires_grad=True) * 1)
+    assert isinstance(stored, CompressedTensor) and stored.projection == projected

@@ -8,7 +8,8 @@
 * floating point, at least ``MIN_NUMEL`` elements: viewed as rows (one row per
   index of the first dimension: a node's or an edge's values), optionally
   projected by a normalized Rademacher matrix to ``ceil(width / rp_ratio)``
-  columns, then quantized per row to ``bits`` bits with stochastic rounding
+  columns, but to no fewer than :func:`min_projected_width` (narrower rows
+  are not projected), then quantized per row to ``bits`` bits with stochastic rounding
   and bit-packed (``qtrain.quant.rowwise``). Rows narrower than ``MIN_ROW``
   (GAT's per-edge attention scalars) are regrouped into blocks of
   ``BLOCK`` consecutive elements, so the two 16-bit row parameters do not
@@ -64,6 +65,18 @@ class CompressedTensor:
 
 
 Stored = CompressedMask | CompressedTensor
+
+
+def min_projected_width(bits: int) -> int:
+    """The narrowest projection worth its variance: ``32 / bits`` columns.
+
+    There a row's packed values take as many bytes as its two bfloat16
+    parameters, so projecting further saves less than half of what is left
+    while the projection's variance, ``(D - 1) / K`` times the row's squared
+    norm, keeps growing. Cora's 16-wide hidden layers at INT2 are not
+    projected at all; ogbn-arxiv's 256-wide ones go to 32 columns at D/R = 8.
+    """
+    return 32 // bits
 
 
 def _row_width(t: torch.Tensor) -> int:
@@ -187,11 +200,11 @@ class CompressingCodec:
         else:
             rows = x.reshape(t.shape[0], width)
         projection = None
-        k = projected_width(rows.shape[1], self.rp_ratio)
+        k = max(projected_width(rows.shape[1], self.rp_ratio), min_projected_width(self.bits))
         project = (
             self.rp_ratio > 1
             and not blocked
-            and k >= 2
+            and k < rows.shape[1]
             and t.untyped_storage().data_ptr() not in self._no_projection
         )
         if project:
