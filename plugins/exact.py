@@ -5,7 +5,8 @@ per-row ``bits``-bit integers with a bfloat16 zero point and range, stochastic
 rounding and dense bit packing, optionally after a normalized Rademacher
 projection to ``width / rp_ratio`` columns (``qtrain.ops.compressed``).
 ReLU, LeakyReLU and dropout are routed to versions that save a boolean mask,
-stored at exactly 1 bit per element (``qtrain.ops.masks``). BatchNorm inputs
+stored at exactly 1 bit per element (``qtrain.ops.masks``); losses and
+softmaxes save FP32 (their backward exponentiates what they save). BatchNorm inputs
 are quantized but never projected; parameters and the step's inputs are
 never compressed (the activation meter passes them by reference; in a
 user's own loop under ``qtrain.patch``, leaves that require grad and views of
@@ -55,6 +56,26 @@ _MASKED: dict[Any, str] = {
     F.relu: "relu",
     F.leaky_relu: "leaky_relu",
     F.dropout: "dropout",
+}
+
+# Losses and softmaxes keep what they save in FP32: their backward takes exp()
+# of it (log-softmax), so a quantization level of a log-probability becomes a
+# factor, and a projected one overflows. EXACT compresses the layers of its
+# Table 8 (linear, SpMM, BatchNorm, ReLU, dropout), never the loss.
+_FP32: dict[Any, str] = {
+    f: "fp32"
+    for f in (
+        F.cross_entropy,
+        F.nll_loss,
+        F.binary_cross_entropy,
+        F.binary_cross_entropy_with_logits,
+        F.log_softmax,
+        F.softmax,
+        torch.log_softmax,
+        torch.softmax,
+        torch.Tensor.log_softmax,
+        torch.Tensor.softmax,
+    )
 }
 
 
@@ -114,7 +135,7 @@ class ExactPlugin(Plugin):
         )
         handle = torch.nn.modules.module.register_module_forward_pre_hook(self._note_batchnorm)
         self._stack.callback(handle.remove)
-        patcher.functions(_MASKED, self._on_masked)
+        patcher.functions({**_MASKED, **_FP32}, self._on_function)
 
     def deactivate(self) -> None:
         self._stack.close()
@@ -127,7 +148,7 @@ class ExactPlugin(Plugin):
             "rp_ratio": self.config.rp_ratio,
             "rounding": self.config.rounding,
             "saved_tensors": dict(codec.stats),
-            "masked_calls": dict(self.masked_calls),
+            "masked_calls": dict(self.masked_calls),  # and fp32_* calls: losses, softmaxes
             "compressed_bytes_in": codec.original_bytes,
             "compressed_bytes_out": codec.stored_bytes,
             "compression_ratio": ratio,
@@ -151,9 +172,14 @@ class ExactPlugin(Plugin):
         if isinstance(module, _BatchNorm) and module.training and usable:
             self.codec.skip_projection(x)
 
-    def _on_masked(
+    def _on_function(
         self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
+        if kind == "fp32":
+            with self.codec.suspended():
+                return self._count(
+                    "fp32_" + getattr(func, "__name__", "loss"), func(*args, **kwargs)
+                )
         x = args[0] if args else kwargs.get("input")
         usable = (
             isinstance(x, torch.Tensor)

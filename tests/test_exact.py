@@ -93,7 +93,7 @@ def test_codec_rows_narrower_than_min_row_are_blocked_and_never_projected() -> N
 
 def test_codec_projection_is_unbiased_and_regenerated_from_the_seed() -> None:
     torch.manual_seed(0)
-    x = torch.randn(64, 32)
+    x = torch.randn(64, 32, requires_grad=True)  # an activation: only those are projected
     mean = torch.zeros_like(x)
     for seed in range(300):
         codec = _codec(bits=8, rp_ratio=4, seed=seed)
@@ -335,8 +335,8 @@ def test_batchnorm_inputs_are_quantized_but_not_projected() -> None:
     forms = [(tuple(s), f) for s, f in stored if isinstance(f, CompressedTensor)]
     shapes = [s for s, _ in forms]
     assert shapes == [(300, 16), (300, 32), (300, 32), (300, 4)]  # in the order forward saves
-    # the plain input x of the first linear is projected: 16 -> 4 columns
-    assert forms[0][1].projection == (16, 4, 0)
+    # x needs no grad (data, often sparse): quantized, never projected
+    assert forms[0][1].projection is None
     # the first linear's output feeds BatchNorm: quantized at full width
     assert forms[1][1].projection is None and forms[1][1].width == 32
     # the ReLU output the second linear saves is projected again
@@ -379,3 +379,21 @@ def test_codec_projects_to_no_fewer_than_32_over_bits_columns(
     codec = _codec(bits=bits, rp_ratio=8)
     stored = codec.encode(torch.randn(300, width, requires_grad=True) * 1)
     assert isinstance(stored, CompressedTensor) and stored.projection == projected
+
+
+def test_losses_and_softmaxes_keep_what_they_save_in_fp32() -> None:
+    """log_softmax's backward takes exp() of its saved output: quantizing it breaks the gradient."""
+    import qtrain
+
+    torch.manual_seed(0)
+    logits = (torch.randn(500, 40) * 20).requires_grad_(True)
+    labels = torch.randint(0, 40, (500,))
+    F.cross_entropy(logits * 1, labels).backward()
+    want = logits.grad.clone()
+    logits.grad = None
+    with qtrain.patch({"plugin": ["exact"], "exact": {"bits": 2, "rp_ratio": 8}}) as session:
+        F.cross_entropy(logits * 1, labels).backward()
+    assert torch.allclose(logits.grad, want)
+    report = session.report()["exact"]
+    assert report["masked_calls"] == {"fp32_cross_entropy": 1}
+    assert report["saved_tensors"]["quantized"] == 0

@@ -31,8 +31,9 @@ compressed once within a step.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -104,11 +105,21 @@ class CompressingCodec:
         self._no_projection: weakref.WeakValueDictionary[int, torch.Tensor] = (
             weakref.WeakValueDictionary()
         )
+        self._suspended = 0
         self.stats = {"masks": 0, "quantized": 0, "projected": 0, "kept": 0, "reused": 0}
         self.original_bytes = 0
         self.stored_bytes = 0
 
     # -- the codec protocol ---------------------------------------------------
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Keep everything saved inside the block as it is (a loss, a softmax)."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
 
     def begin_step(self) -> None:
         self._seen.clear()
@@ -128,7 +139,7 @@ class CompressingCodec:
         return stored.packed.numel() + 2 * stored.zero.numel() * stored.zero.element_size()
 
     def encode(self, t: torch.Tensor) -> Stored | None:
-        if t.numel() < MIN_NUMEL or t.layout != torch.strided:
+        if self._suspended or t.numel() < MIN_NUMEL or t.layout != torch.strided:
             return self._keep()
         if t.dtype != torch.bool and not t.is_floating_point():
             return self._keep()
@@ -205,6 +216,7 @@ class CompressingCodec:
             self.rp_ratio > 1
             and not blocked
             and k < rows.shape[1]
+            and t.requires_grad
             and t.untyped_storage().data_ptr() not in self._no_projection
         )
         if project:

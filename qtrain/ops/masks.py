@@ -17,14 +17,14 @@ import torch
 class MaskedReLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        mask = x > 0
-        ctx.save_for_backward(mask)
-        return x * mask
+        out = torch.relu(x)
+        ctx.save_for_backward(x > 0)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         (mask,) = ctx.saved_tensors
-        return grad * mask
+        return torch.where(mask, grad, 0.0)
 
 
 class MaskedLeakyReLU(torch.autograd.Function):
@@ -38,7 +38,7 @@ class MaskedLeakyReLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         (mask,) = ctx.saved_tensors
-        return torch.where(mask, grad, grad * ctx.slope), None
+        return torch.where(mask, grad, grad * ctx.slope), None  # as torch's (the slope is float)
 
 
 class MaskedDropout(torch.autograd.Function):
@@ -48,16 +48,16 @@ class MaskedDropout(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:  # type: ignore[override]
         # drawn exactly as torch's CPU dropout draws its mask, so a run keeps the
         # same random stream (and the same masks) as without the plugin
-        keep = torch.empty_like(x).bernoulli_(1.0 - p).bool()
+        drawn = torch.empty_like(x).bernoulli_(1.0 - p)
         scale = 1.0 / (1.0 - p)
-        ctx.save_for_backward(keep)
+        ctx.save_for_backward(drawn.bool())
         ctx.scale = scale
-        return x * keep * scale
+        return x * drawn.mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None
+        return torch.where(keep, grad * ctx.scale, 0.0), None
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
