@@ -119,6 +119,7 @@ class ExactPlugin(Plugin):
         )
         self._stack = contextlib.ExitStack()
         self.masked_calls: dict[str, int] = {}
+        self.fp32_calls: dict[str, int] = {}
         model = context.model
         self._parameter_keys = (
             {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
@@ -148,7 +149,8 @@ class ExactPlugin(Plugin):
             "rp_ratio": self.config.rp_ratio,
             "rounding": self.config.rounding,
             "saved_tensors": dict(codec.stats),
-            "masked_calls": dict(self.masked_calls),  # and fp32_* calls: losses, softmaxes
+            "masked_calls": dict(self.masked_calls),
+            "fp32_calls": dict(self.fp32_calls),  # losses and softmaxes, saved uncompressed
             "compressed_bytes_in": codec.original_bytes,
             "compressed_bytes_out": codec.stored_bytes,
             "compression_ratio": ratio,
@@ -177,9 +179,9 @@ class ExactPlugin(Plugin):
     ) -> Any:
         if kind == "fp32":
             with self.codec.suspended():
-                return self._count(
-                    "fp32_" + getattr(func, "__name__", "loss"), func(*args, **kwargs)
-                )
+                name = getattr(func, "__name__", "loss")
+                self.fp32_calls[name] = self.fp32_calls.get(name, 0) + 1
+                return func(*args, **kwargs)
         x = args[0] if args else kwargs.get("input")
         usable = (
             isinstance(x, torch.Tensor)
