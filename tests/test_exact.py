@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from qtrain.ops import masks
-from qtrain.ops.compressed import BLOCK, CompressedMask, CompressedTensor, CompressingCodec
+from qtrain.ops.compressed import (
+    BLOCK,
+    CompressedMask,
+    CompressedTensor,
+    CompressingCodec,
+    SharedConstant,
+)
 from qtrain.train.activations import ActivationMeter, installed_codec
 
 # ------------------------------------------------------------------ masks
@@ -347,7 +353,8 @@ def test_batchnorm_inputs_are_quantized_but_not_projected() -> None:
 def test_codec_keeps_narrow_graph_constants_that_backward_may_divide_by() -> None:
     codec = _codec(bits=2)
     degrees = torch.randint(1, 500, (5000, 1)).float()  # DGL's mean reducer saves them
-    assert codec.encode(degrees) is None
+    kept = codec.encode(degrees)
+    assert isinstance(kept, SharedConstant) and kept.tensor is degrees
     scores = torch.rand(5000, 1, requires_grad=True) * 1  # an activation: compressed
     assert isinstance(codec.encode(scores), CompressedTensor)
 
@@ -397,3 +404,21 @@ def test_losses_and_softmaxes_keep_what_they_save_in_fp32() -> None:
     report = session.report()["exact"]
     assert report["fp32_calls"] == {"cross_entropy": 1} and report["masked_calls"] == {}
     assert report["saved_tensors"]["quantized"] == 0
+
+
+def test_equal_graph_constants_in_a_step_share_one_storage() -> None:
+    torch.manual_seed(0)
+    degrees = torch.randint(1, 50, (3000, 1)).float()
+    codec = _codec(bits=2)
+    first = codec.encode(degrees.pow(-0.5))
+    again = codec.encode(degrees.pow(-0.5))  # a new tensor with the same values
+    other = codec.encode(degrees.pow(-1.0))
+    assert first is again and other is not first
+    assert torch.equal(codec.decode(again), degrees.pow(-0.5))
+    assert codec.stats["constants"] == 2 and codec.stats["shared"] == 1
+    meter = ActivationMeter([], torch.device("cpu"))
+    with installed_codec(_codec(bits=2)), meter.step():
+        y = degrees.pow(-0.5) * torch.ones(3000, 1, requires_grad=True)
+        z = degrees.pow(-0.5) * y
+        z.sum().backward()
+    assert meter.activation_bytes == 3000 * 4  # one stored norm, not two

@@ -20,7 +20,10 @@
 * a narrow floating-point tensor that does not require grad is a constant of
   the graph (in-degrees, normalisation factors) that backward may divide by,
   as DGL's mean reducer does: a 2-bit level could round a degree to zero or
-  bias its reciprocal, and it is small next to the activations, so it is kept.
+  bias its reciprocal, and it is small next to the activations, so it is kept
+  (:class:`SharedConstant`); an equal one saved later in the step (GCNII's
+  16 layers each recompute the same degree norms) shares the first one's
+  storage instead of holding its own.
 * anything else (integer tensors such as tango's quantized operands, small
   tensors, parameters and inputs, which the meter never hands over): kept.
 
@@ -65,7 +68,14 @@ class CompressedTensor:
     projection: tuple[int, int, int] | None  # (input width, projected width, counter offset)
 
 
-Stored = CompressedMask | CompressedTensor
+class SharedConstant:
+    """A graph constant kept as it is, shared by every equal one saved in the step."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+Stored = CompressedMask | CompressedTensor | SharedConstant
 
 
 def min_projected_width(bits: int) -> int:
@@ -106,7 +116,16 @@ class CompressingCodec:
             weakref.WeakValueDictionary()
         )
         self._suspended = 0
-        self.stats = {"masks": 0, "quantized": 0, "projected": 0, "kept": 0, "reused": 0}
+        self.stats = {
+            "masks": 0,
+            "quantized": 0,
+            "projected": 0,
+            "constants": 0,  # narrow graph constants kept as they are ...
+            "shared": 0,  # ... and later equal ones that share the first one's storage
+            "kept": 0,
+            "reused": 0,
+        }
+        self._constants: dict[tuple, list[weakref.ref[SharedConstant]]] = {}
         self.original_bytes = 0
         self.stored_bytes = 0
 
@@ -122,18 +141,20 @@ class CompressingCodec:
             self._suspended -= 1
 
     def begin_step(self) -> None:
-        self._seen.clear()
-        self._no_projection.clear()
+        self.end_step()
 
     def end_step(self) -> None:
         self._seen.clear()
         self._no_projection.clear()
+        self._constants.clear()
 
     def skip_projection(self, t: torch.Tensor) -> None:
         """Quantize ``t`` (and views of its storage) without projecting it: a BatchNorm input."""
         self._no_projection[t.untyped_storage().data_ptr()] = t
 
     def nbytes(self, stored: Stored) -> int:
+        if isinstance(stored, SharedConstant):
+            return stored.tensor.untyped_storage().nbytes()
         if isinstance(stored, CompressedMask):
             return stored.packed.numel()
         return stored.packed.numel() + 2 * stored.zero.numel() * stored.zero.element_size()
@@ -149,7 +170,7 @@ class CompressingCodec:
             self.stats["reused"] += 1
             return hit[1]
         if t.dtype != torch.bool and _row_width(t) < MIN_ROW and not t.requires_grad:
-            return self._keep()  # a graph constant (degrees, norms), maybe a divisor
+            return self._shared_constant(t)  # degrees, norms: maybe a divisor
         stored = self._mask(t) if t.dtype == torch.bool else self._quantize(t)
         self._seen[key] = (weakref.ref(t, self._forget(key)), stored)
         self.original_bytes += t.numel() * t.element_size()
@@ -157,6 +178,8 @@ class CompressingCodec:
         return stored
 
     def decode(self, stored: Stored) -> torch.Tensor:
+        if isinstance(stored, SharedConstant):
+            return stored.tensor
         if isinstance(stored, CompressedMask):
             n = stored.shape.numel()
             return compress.unpack_mask(stored.packed, n, self.backend).reshape(stored.shape)
@@ -184,6 +207,22 @@ class CompressingCodec:
                 del seen[key]
 
         return drop
+
+    def _shared_constant(self, t: torch.Tensor) -> SharedConstant:
+        """``t`` itself, or an equal constant saved earlier (each layer recomputes its norms)."""
+        group = (t.shape, t.dtype, t.device)
+        alive = [c for ref in self._constants.get(group, []) if (c := ref()) is not None]
+        for candidate in alive:
+            if torch.equal(candidate.tensor, t):
+                self.stats["shared"] += 1
+                self.original_bytes += t.numel() * t.element_size()
+                return candidate
+        shared = SharedConstant(t)
+        self._constants[group] = [*(weakref.ref(c) for c in alive), weakref.ref(shared)]
+        self.stats["constants"] += 1
+        self.original_bytes += t.numel() * t.element_size()
+        self.stored_bytes += self.nbytes(shared)
+        return shared
 
     def _keep(self) -> None:
         self.stats["kept"] += 1
