@@ -697,4 +697,42 @@ at::Tensor rademacher(int64_t d, int64_t k, uint64_t seed, int64_t offset) {
   return out;
 }
 
+// out[i] = grad[i] * scale where bit i of the 1-bit stream `packed` is set, else +0:
+// the backward of ReLU (scale 1) and of inverted dropout (scale 1 / (1 - p)) read
+// straight from the packed mask, one pass and one allocation (torch's bool-mask
+// where / masked_fill take 2-3x longer than a multiply on this CPU).
+at::Tensor masked_scale(const at::Tensor& grad_in, const at::Tensor& packed_in, double scale) {
+  constexpr const char* fn = "qtrain._ext.masked_scale";
+  TORCH_CHECK_TYPE(grad_in.scalar_type() == at::kFloat, fn, ": grad must be float32, got ",
+                   grad_in.scalar_type());
+  TORCH_CHECK_TYPE(packed_in.scalar_type() == at::kByte && packed_in.dim() == 1, fn,
+                   ": packed must be a 1-d uint8 tensor, got ", packed_in.scalar_type(), " ",
+                   packed_in.sizes());
+  TORCH_CHECK_VALUE(grad_in.device().is_cpu() && packed_in.device().is_cpu(), fn,
+                    ": grad and packed must be CPU tensors");
+  const int64_t n = grad_in.numel();
+  TORCH_CHECK_VALUE(packed_in.numel() >= packed_bytes(n, 1), fn, ": packed has ",
+                    packed_in.numel(), " bytes, ", n, " mask bits need ", packed_bytes(n, 1));
+  const at::Tensor grad = grad_in.contiguous();
+  const at::Tensor packed = packed_in.contiguous();
+  at::Tensor out = at::empty(grad.sizes(), grad.options());
+  if (n == 0) return out;
+  const auto* g = static_cast<const float*>(grad.const_data_ptr());
+  const auto* m = static_cast<const uint8_t*>(packed.const_data_ptr());
+  auto* o = static_cast<float*>(out.mutable_data_ptr());
+  advise_huge_pages(o, static_cast<size_t>(n) * sizeof(float));
+  const float s = static_cast<float>(scale);
+  const int64_t bytes = n / 8;
+  parallel_ranges(bytes, [&](int64_t b, int64_t e) {
+    for (int64_t byte = b; byte < e; ++byte) {
+      const uint32_t bits = m[byte];
+      const float* gi = g + 8 * byte;
+      float* oi = o + 8 * byte;
+      for (int j = 0; j < 8; ++j) oi[j] = ((bits >> j) & 1u) ? gi[j] * s : 0.0f;
+    }
+  });
+  for (int64_t i = 8 * bytes; i < n; ++i) o[i] = ((m[i / 8] >> (i % 8)) & 1u) ? g[i] * s : 0.0f;
+  return out;
+}
+
 }  // namespace qtrain

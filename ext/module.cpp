@@ -113,6 +113,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("unpack_bits", &qtrain::unpack_bits, py::arg("packed"), py::arg("bits"), py::arg("n"),
         py::call_guard<py::gil_scoped_release>(),
         "The first n values (uint8, flat) of a stream written by pack_bits.");
+  m.def("masked_scale", &qtrain::masked_scale, py::arg("grad"), py::arg("packed"),
+        py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
+        "float32 grad * fl32(scale) where bit i of the 1-bit stream packed (pack_bits(mask, 1))\n"
+        "is set, else +0: ReLU's and dropout's backward from a packed mask, in one pass.\n"
+        "As qtrain.quant.rowwise.masked_scale.");
   m.def("rademacher", &qtrain::rademacher, py::arg("d"), py::arg("k"), py::arg("seed") = 0,
         py::arg("offset") = 0, py::call_guard<py::gil_scoped_release>(),
         "float32 [d, k] normalized Rademacher matrix: entry i is -fl32(1/sqrt(k)) if the\n"

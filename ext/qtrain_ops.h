@@ -52,6 +52,7 @@ at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& zero,
 // little-endian bit stream, and the first n values of such a stream back.
 at::Tensor pack_bits(const at::Tensor& values, int64_t bits);
 at::Tensor unpack_bits(const at::Tensor& packed, int64_t bits, int64_t n);
+at::Tensor masked_scale(const at::Tensor& grad, const at::Tensor& packed, double scale);
 
 // float32 [d, k] normalized Rademacher matrix (qtrain/quant/projection.py): entry i is
 // -fl32(1/sqrt(k)) when the counter hash at offset + i has its top bit set, else +.

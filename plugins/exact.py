@@ -192,18 +192,18 @@ class ExactPlugin(Plugin):
         if kind == "relu":
             inplace = _arg(args, kwargs, 1, "inplace", False) if func is F.relu else False
             if usable and not inplace:
-                return self._count(kind, masks.relu(x))
+                return self._count(kind, masks.relu(x, self.config.backend))
         elif kind == "leaky_relu":
             slope = _arg(args, kwargs, 1, "negative_slope", 0.01)
             inplace = _arg(args, kwargs, 2, "inplace", False)
             if usable and not inplace:
-                return self._count(kind, masks.leaky_relu(x, float(slope)))
+                return self._count(kind, masks.leaky_relu(x, float(slope), self.config.backend))
         else:  # dropout
             p = float(_arg(args, kwargs, 1, "p", 0.5))
             training = _arg(args, kwargs, 2, "training", True)
             inplace = _arg(args, kwargs, 3, "inplace", False)
             if usable and training and not inplace and p > 0.0:
-                return self._count(kind, masks.dropout(x, p))
+                return self._count(kind, masks.dropout(x, p, self.config.backend))
         return func(*args, **kwargs)
 
     def _count(self, kind: str, out: torch.Tensor) -> torch.Tensor:

@@ -432,3 +432,39 @@ def test_auto_dispatch_picks_ext_cpu() -> None:
         _assert_same((packed, zero, rng), want)
     finally:
         dispatch.reset()
+
+
+# ------------------------------------------------------------------ masked_scale
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 1000, 300_001])
+@pytest.mark.parametrize("scale", [1.0, 1.0 / 0.3, 2.0])
+def test_masked_scale_ext_matches_reference(n: int, scale: float, threads: None) -> None:
+    ext = ext_or_skip()
+    g = torch.Generator().manual_seed(n)
+    grad = torch.randn(n, generator=g)
+    if n:
+        grad[0] = float("nan")  # a kept NaN stays NaN, a dropped one becomes 0
+    mask = torch.rand(n, generator=g) > 0.4
+    packed = ref.pack_bits(mask, 1)
+    want = ref.masked_scale(grad, packed, scale)
+    assert torch.equal(want[~mask], torch.zeros(int((~mask).sum())))
+    kept = grad[mask] * torch.tensor(scale, dtype=torch.float32)
+    assert torch.equal(want[mask].nan_to_num(7.0), kept.nan_to_num(7.0))
+    for t in (1, 2):
+        torch.set_num_threads(t)
+        got = ext.masked_scale(grad, packed, scale)
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+
+
+def test_masked_scale_refuses_a_short_mask_and_wrong_types() -> None:
+    grad = torch.randn(20)
+    with pytest.raises(ValueError, match="need"):
+        ref.masked_scale(grad, torch.zeros(2, dtype=torch.uint8), 1.0)
+    with pytest.raises(TypeError, match="float32"):
+        ref.masked_scale(grad.double(), torch.zeros(3, dtype=torch.uint8), 1.0)
+    ext = ext_or_skip()
+    with pytest.raises(ValueError, match="need"):
+        ext.masked_scale(grad, torch.zeros(2, dtype=torch.uint8), 1.0)
+    with pytest.raises(TypeError, match="float32"):
+        ext.masked_scale(grad.double(), torch.zeros(3, dtype=torch.uint8), 1.0)

@@ -88,6 +88,19 @@ def unpack_mask(packed: torch.Tensor, n: int, backend: str = "auto") -> torch.Te
     return out.view(torch.bool)
 
 
+def masked_scale(
+    grad: torch.Tensor, packed: torch.Tensor, scale: float = 1.0, backend: str = "auto"
+) -> torch.Tensor:
+    """``grad * scale`` where the packed 1-bit mask is set, else 0 (ReLU / dropout backward)."""
+    chosen = dispatch.resolve("unpack", packed, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().masked_scale(grad, packed, float(scale))
+    else:
+        out = ref.masked_scale(grad, packed, scale)
+    dispatch.COUNTER.record("unpack", chosen)
+    return out
+
+
 def rademacher(
     d: int, k: int, seed: int = 0, offset: int = 0, backend: str = "auto"
 ) -> torch.Tensor:

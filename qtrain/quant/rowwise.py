@@ -88,6 +88,20 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return lanes.reshape(-1)[:n].to(torch.uint8)
 
 
+def masked_scale(grad: torch.Tensor, packed: torch.Tensor, scale: float) -> torch.Tensor:
+    """``grad * fl32(scale)`` where bit ``i`` of the 1-bit stream ``packed`` is set, else +0.
+
+    The backward of ReLU (scale 1) and of inverted dropout (scale ``1 / (1 - p)``)
+    read from a mask packed by :func:`pack_bits` (``bits = 1``); ``grad`` float32,
+    any shape, taken flat in row-major order.
+    """
+    if grad.dtype != torch.float32:
+        raise TypeError(f"grad must be float32, got {grad.dtype}")
+    mask = unpack_bits(packed, 1, grad.numel()).reshape(grad.shape).bool()
+    s = torch.tensor(scale, dtype=torch.float32)
+    return torch.where(mask, grad * s, torch.zeros((), dtype=torch.float32))
+
+
 # ---------------------------------------------------------------- bfloat16 with a direction
 
 
