@@ -728,7 +728,10 @@ at::Tensor masked_scale(const at::Tensor& grad_in, const at::Tensor& packed_in, 
       const uint32_t bits = m[byte];
       const float* gi = g + 8 * byte;
       float* oi = o + 8 * byte;
-      for (int j = 0; j < 8; ++j) oi[j] = ((bits >> j) & 1u) ? gi[j] * s : 0.0f;
+      for (int j = 0; j < 8; ++j) {  // branch-free: keep the product's bits or clear them (+0)
+        const uint32_t keep = 0u - ((bits >> j) & 1u);
+        oi[j] = as_float(as_bits(gi[j] * s) & keep);
+      }
     }
   });
   for (int64_t i = 8 * bytes; i < n; ++i) o[i] = ((m[i / 8] >> (i % 8)) & 1u) ? g[i] * s : 0.0f;
