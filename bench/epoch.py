@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import platform
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _record import write_json
 
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import _quant, load_recipe
@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{key:6} {name:14} {row['median_s'] * 1e3:9.0f} "
                 f"{vs32:8.2f}x " + (f"{vs16:7.2f}x" if vs16 else "     n/a")
             )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    write_json(args.json, results)
     return 0
 
 

@@ -41,18 +41,17 @@ import argparse
 import contextlib
 import ctypes
 import gc
-import json
 import math
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _record import git_commit, write_json
 
 from qtrain import backends
 from qtrain.ops import compress, dispatch
@@ -125,24 +124,6 @@ def _trainer(recipe: Recipe) -> Any:
         session = PatchSession(recipe.quant, context)
         trainer = Trainer(model, graph, metric=dataset.metric, config=recipe.train, device=device)
         yield trainer, session
-
-
-def _git_commit() -> str | None:
-    """The checkout's commit (with "+dirty" when the working tree has changes), for the record."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty else "")
 
 
 # ---------------------------------------------------------------- memory
@@ -349,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v for v in VARIANTS if v in args.variants]
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "threads": args.threads,
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
@@ -384,9 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["time"][model] = measure_time(model, variants, args)
     results["bars"] = check_bars(results)
     print_tables(results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    write_json(args.json, results)
     return 0
 
 

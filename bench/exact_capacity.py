@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _record import git_commit, write_json
+
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "examples" / "products-sage-minibatch.toml"
@@ -79,24 +81,6 @@ def _mem_available() -> int:
     with open("/proc/meminfo") as f:
         match = re.search(r"MemAvailable:\s+(\d+)\s+kB", f.read())
     return int(match.group(1)) * 1024 if match else 0
-
-
-def _git_commit() -> str | None:
-    """The checkout's commit (with "+dirty" when the working tree has changes), for the record."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty else "")
 
 
 # ---------------------------------------------------------------- the child
@@ -300,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = int(args.budget_gib * GIB)
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "recipe": str(RECIPE.relative_to(ROOT)),
         "budget_bytes": budget,
         "budget_gib": args.budget_gib,
@@ -363,9 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{ {True: 'PASS', False: 'FAIL', None: 'n/a '}[ok] }  {bar} ({args.budget_gib:g} GiB)"
         )
     print(f"total {results['total_s']:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    write_json(args.json, results)
     return 0
 
 
