@@ -170,11 +170,13 @@ class CompressingCodec:
             self.stats["reused"] += 1
             return hit[1]
         if t.dtype != torch.bool and _row_width(t) < MIN_ROW and not t.requires_grad:
-            return self._shared_constant(t)  # degrees, norms: maybe a divisor
-        stored = self._mask(t) if t.dtype == torch.bool else self._quantize(t)
-        self._seen[key] = (weakref.ref(t, self._forget(key)), stored)
+            stored, new = self._shared_constant(t)  # degrees, norms: maybe a divisor
+        else:
+            stored, new = (self._mask(t) if t.dtype == torch.bool else self._quantize(t)), True
+            self._seen[key] = (weakref.ref(t, self._forget(key)), stored)
         self.original_bytes += t.numel() * t.element_size()
-        self.stored_bytes += self.nbytes(stored)
+        if new:
+            self.stored_bytes += self.nbytes(stored)
         return stored
 
     def decode(self, stored: Stored) -> torch.Tensor:
@@ -208,21 +210,19 @@ class CompressingCodec:
 
         return drop
 
-    def _shared_constant(self, t: torch.Tensor) -> SharedConstant:
-        """``t`` itself, or an equal constant saved earlier (each layer recomputes its norms)."""
+    def _shared_constant(self, t: torch.Tensor) -> tuple[SharedConstant, bool]:
+        """(``t`` itself, True), or (an equal constant saved earlier, False): each layer
+        recomputes its norms."""
         group = (t.shape, t.dtype, t.device)
         alive = [c for ref in self._constants.get(group, []) if (c := ref()) is not None]
         for candidate in alive:
             if torch.equal(candidate.tensor, t):
                 self.stats["shared"] += 1
-                self.original_bytes += t.numel() * t.element_size()
-                return candidate
+                return candidate, False
         shared = SharedConstant(t)
         self._constants[group] = [*(weakref.ref(c) for c in alive), weakref.ref(shared)]
         self.stats["constants"] += 1
-        self.original_bytes += t.numel() * t.element_size()
-        self.stored_bytes += self.nbytes(shared)
-        return shared
+        return shared, True
 
     def _keep(self) -> None:
         self.stats["kept"] += 1

@@ -94,7 +94,14 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def process_peak_rss() -> int:
+    """The whole process's peak resident set size in bytes (``ru_maxrss``)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss) * (1 if sys.platform == "darwin" else 1024)  # macOS reports bytes, Linux KiB
+
+
 def _peak_rss() -> int:
+    """VmHWM: the peak since the last reset (the process's peak where it cannot be read)."""
     try:
         with open(_STATUS) as f:
             match = re.search(r"VmHWM:\s+(\d+)\s+kB", f.read())
@@ -102,8 +109,7 @@ def _peak_rss() -> int:
             return int(match.group(1)) * 1024
     except OSError:
         pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss) * (1 if sys.platform == "darwin" else 1024)
+    return process_peak_rss()
 
 
 # ---------------------------------------------------------------- the meter
@@ -152,7 +158,7 @@ class ActivationMeter:
         self._codec = current_codec()
         if self._codec is not None:
             self._codec.begin_step()
-        per_step_peak = self._start_peak()
+        self._start_peak()
         try:
             with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
                 yield
@@ -162,7 +168,7 @@ class ActivationMeter:
             self._codec = None
             self.steps += 1
             self.activation_bytes = max(self.activation_bytes, self._step_peak)
-            self.peak_memory_bytes = max(self.peak_memory_bytes, self._end_peak(per_step_peak))
+            self.peak_memory_bytes = max(self.peak_memory_bytes, self._end_peak())
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -173,16 +179,13 @@ class ActivationMeter:
 
     # -- peak memory ----------------------------------------------------------
 
-    def _start_peak(self) -> bool:
+    def _start_peak(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-            return True
-        per_step = _reset_peak_rss()
-        if not per_step:
+        elif not _reset_peak_rss():
             self.peak_memory_source = "peak resident set size of the process (no per-step reset)"
-        return per_step
 
-    def _end_peak(self, _: bool) -> int:
+    def _end_peak(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
         return _peak_rss()

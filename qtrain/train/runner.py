@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-import resource
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +30,7 @@ from qtrain.models.base import GNNModel
 from qtrain.ops import dispatch
 from qtrain.plugin import PluginContext, activated
 from qtrain.recipe import Recipe, resolve_toml
+from qtrain.train.activations import process_peak_rss
 from qtrain.train.loop import Trainer, TrainState, dgl_threads
 from qtrain.train.progress import Reporter, RunStart, make_reporter
 from qtrain.train.rundir import RunDir, create_run_dir
@@ -66,9 +65,7 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     """Peak memory in bytes and where the number comes from."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
-    return int(rss * scale), "ru_maxrss (peak resident set size of the whole process)"
+    return process_peak_rss(), "ru_maxrss (peak resident set size of the whole process)"
 
 
 def check_mode(recipe: Recipe, model: GNNModel) -> None:
