@@ -1,0 +1,106 @@
+"""The primitives behind the exact plugin's epoch time, one [rows, width] activation each.
+
+Times, on one synthetic-arxiv-sized activation (169,343 x 256 float32 by
+default), what ``exact`` adds to a step and what it replaces: per-row INT2
+quantize and dequantize (compiled kernels), the random projection's two dense
+products (forward ``x @ R``, backward ``y @ R^T``, and the same in bf16 with
+the conversion), and ReLU / dropout backward from a packed 1-bit mask
+(``masked_scale``) against torch's ``threshold_backward`` and ``torch.where``
+on a bool mask. Medians of ``--repeat`` calls after one warm-up; every call
+allocates its output, as a training step does.
+
+    python bench/exact_ops.py --threads 2 --json bench/results/exact_ops.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _record import git_commit, write_json
+
+from qtrain.ops import compress
+from qtrain.quant.projection import projected_width
+
+
+def median_ms(fn: Callable[[], Any], repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=169_343)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--bits", type=int, default=2, choices=(1, 2, 4, 8))
+    parser.add_argument("--rp-ratio", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(args.rows, args.width, generator=g)
+    grad = torch.randn(args.rows, args.width, generator=g)
+    k = projected_width(args.width, args.rp_ratio)
+    r = compress.rademacher(args.width, k, seed=0)
+    y = x @ r
+    packed, zero, rng = compress.quantize_rows(x, args.bits)
+    mask = x > 0
+    mask_bits = compress.pack_mask(mask)
+    xb, rb = x.bfloat16(), r.bfloat16()
+
+    cases: dict[str, Callable[[], Any]] = {
+        f"quantize rows INT{args.bits} [{args.rows}, {args.width}]": lambda: compress.quantize_rows(
+            x, args.bits
+        ),
+        f"dequantize rows INT{args.bits} [{args.rows}, {args.width}]": lambda: (
+            compress.dequantize_rows(packed, zero, rng, args.bits, args.width)
+        ),
+        f"quantize rows INT{args.bits} [{args.rows}, {k}] (projected)": lambda: (
+            compress.quantize_rows(y, args.bits)
+        ),
+        f"projection x @ R [{args.width} -> {k}]": lambda: x @ r,
+        f"projection y @ R^T [{k} -> {args.width}]": lambda: y @ r.t(),
+        "projection x @ R, bf16 operands already converted": lambda: xb @ rb,
+        "x to bf16": lambda: x.bfloat16(),
+        "ReLU backward: masked_scale from packed bits": lambda: compress.masked_scale(
+            grad, mask_bits, 1.0
+        ),
+        "ReLU backward: torch threshold_backward": lambda: torch.ops.aten.threshold_backward(
+            grad, x, 0.0
+        ),
+        "ReLU backward: torch.where on a bool mask": lambda: torch.where(mask, grad, 0.0),
+    }
+    rows = {name: median_ms(fn, args.repeat) for name, fn in cases.items()}
+    for name, ms in rows.items():
+        print(f"{ms:9.1f} ms  {name}")
+    write_json(
+        args.json,
+        {
+            "command": " ".join(["python", *sys.argv]),
+            "git_commit": git_commit(),
+            "threads": args.threads,
+            "torch": torch.__version__,
+            "cpu": platform.machine(),
+            "median_ms": rows,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
