@@ -112,7 +112,15 @@ def _release_memory() -> None:
 
 
 def _kernels_used(snapshot: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    names = ("compress", "decompress", "pack", "unpack", "rademacher")
+    names = (
+        "compress",
+        "decompress",
+        "pack",
+        "unpack",
+        "rademacher",
+        "project+compress",
+        "decompress+unproject",
+    )
     return {k: v for k, v in snapshot.items() if k in names}
 
 
@@ -285,9 +293,9 @@ def print_tables(results: dict[str, Any]) -> None:
         for model, rows in results["time"].items():
             for v, row in rows.items():
                 used = sorted({b for per in row["kernels"].values() for b in per}) or ["-"]
+                ratio = "-" if row["vs_fp32"] is None else f"{row['vs_fp32']:.3f}x"
                 print(
-                    f"{model:6} {v:9} {row['median_s'] * 1e3:9.0f} {row['vs_fp32']:7.3f}x "
-                    f"{','.join(used):>10}"
+                    f"{model:6} {v:9} {row['median_s'] * 1e3:9.0f} {ratio:>8} {','.join(used):>10}"
                 )
     print()
     for bar in results["bars"]:

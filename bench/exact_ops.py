@@ -2,11 +2,13 @@
 
 Times, on one synthetic-arxiv-sized activation (169,343 x 256 float32 by
 default), what ``exact`` adds to a step and what it replaces: per-row INT2
-quantize and dequantize (compiled kernels), the random projection's two dense
-products (forward ``x @ R``, backward ``y @ R^T``, and the same in bf16 with
-the conversion), and ReLU / dropout backward from a packed 1-bit mask
+quantize and dequantize (compiled kernels), the fused kernels RP + INT2 runs
+(project + quantize, dequantize + project back: one pass each), the same
+projection as separate dense products (forward ``x @ R``, backward
+``y @ R^T``, and in bf16 with the conversion) for comparison, and ReLU /
+dropout backward from a packed 1-bit mask
 (``masked_scale``) against torch's ``threshold_backward`` and ``torch.where``
-on a bool mask. Medians of ``--repeat`` calls after one warm-up; every call
+on a bool mask. Medians of ``--repeat`` calls after four warm-up calls; every call
 allocates its output, as a training step does.
 
     python bench/exact_ops.py --threads 2 --json bench/results/exact_ops.json
@@ -30,8 +32,12 @@ from qtrain.ops import compress
 from qtrain.quant.projection import projected_width
 
 
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    fn()
+def median_ms(fn: Callable[[], Any], repeat: int, warmup: int = 4) -> float:
+    """Median wall time; the first calls that allocate a new large output fault in (and,
+    with transparent huge pages on madvise, compact) fresh memory and run up to 20x
+    slower, which a training loop pays once, so they are left out."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -59,6 +65,7 @@ def main() -> int:
     r = compress.rademacher(args.width, k, seed=0)
     y = x @ r
     packed, zero, rng = compress.quantize_rows(x, args.bits)
+    fused = compress.project_quantize_rows(x, k, args.bits)
     mask = x > 0
     mask_bits = compress.pack_mask(mask)
     xb, rb = x.bfloat16(), r.bfloat16()
@@ -70,12 +77,18 @@ def main() -> int:
         f"dequantize rows INT{args.bits} [{args.rows}, {args.width}]": lambda: (
             compress.dequantize_rows(packed, zero, rng, args.bits, args.width)
         ),
-        f"quantize rows INT{args.bits} [{args.rows}, {k}] (projected)": lambda: (
+        f"fused project + quantize INT{args.bits} [{args.width} -> {k}]": lambda: (
+            compress.project_quantize_rows(x, k, args.bits)
+        ),
+        f"fused dequantize + project back INT{args.bits} [{k} -> {args.width}]": lambda: (
+            compress.dequantize_unproject_rows(*fused, args.bits, k, args.width)
+        ),
+        f"unfused: quantize rows INT{args.bits} [{args.rows}, {k}] (projected)": lambda: (
             compress.quantize_rows(y, args.bits)
         ),
-        f"projection x @ R [{args.width} -> {k}]": lambda: x @ r,
-        f"projection y @ R^T [{k} -> {args.width}]": lambda: y @ r.t(),
-        "projection x @ R, bf16 operands already converted": lambda: xb @ rb,
+        f"unfused: projection x @ R [{args.width} -> {k}]": lambda: x @ r,
+        f"unfused: projection y @ R^T [{k} -> {args.width}]": lambda: y @ r.t(),
+        "unfused: projection x @ R, bf16 operands already converted": lambda: xb @ rb,
         "x to bf16": lambda: x.bfloat16(),
         "ReLU backward: masked_scale from packed bits": lambda: compress.masked_scale(
             grad, mask_bits, 1.0

@@ -1,8 +1,9 @@
 // Activation compression for the exact plugin (exact-iclr22) on the CPU: per-row
-// quantization with bit packing, its inverse, bit packing alone, and the
-// Rademacher projection matrix. The references are qtrain/quant/rowwise.py and
-// qtrain/quant/projection.py; results equal them bit for bit for any thread
-// count and ISA variant:
+// quantization with bit packing, its inverse, bit packing alone, the
+// Rademacher projection matrix, and projection fused with quantization (and
+// dequantization with the inverse projection). The references are
+// qtrain/quant/rowwise.py and qtrain/quant/projection.py; results equal them
+// bit for bit for any thread count and ISA variant:
 //
 //   B = 2^bits - 1; zero = bf16_floor(min h); range = bf16_ceil(fl32(max h - zero))
 //   inv = fl32(B / range) (0 if range == 0);  v = fl32(fl32(h - zero) * inv)
@@ -38,6 +39,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -48,6 +50,7 @@
 #include "cpu_threads.h"
 #include "qtrain_ops.h"
 #include "qtrain_rng.h"
+
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "compress_cpu.cpp packs bit streams through little-endian integer stores"
@@ -186,6 +189,64 @@ QT_ALWAYS_INLINE void signs_body(float* __restrict out, int64_t n, uint32_t mag_
   }
 }
 
+// Signed sums, the projection's products (qtrain/quant/projection.py):
+//   out[r][c] = fl32(mag * acc),  acc = +0 + (+-in[r][0]) + (+-in[r][1]) + ... in input order,
+// the sign of in[r][i] flipped where bit 31 of masks[i * n_pad + c] is set (exact: an
+// XOR of the sign bit). Lanes are output columns, so every lane adds in input order
+// whatever the vector width, and the variants agree bit for bit. A tile of 4 rows x
+// 2 vectors of accumulators stays in registers: GCC's generic vectors of the
+// variant's native width (L = 16 zmm lanes, 8 ymm, 4 xmm; wider ones would be split
+// through the stack).
+constexpr int64_t kSignTile = 32;  // n_pad is a multiple of it (and so of every 2 * L)
+constexpr int kSignRows = 4;       // rows sharing each mask load
+
+template <int L>
+struct SignVec {
+  typedef float F __attribute__((vector_size(4 * L)));
+  typedef uint32_t U __attribute__((vector_size(4 * L)));
+  static QT_ALWAYS_INLINE F as_float(U v) {
+    F f;
+    std::memcpy(&f, &v, sizeof f);
+    return f;
+  }
+};
+
+template <int L>
+QT_ALWAYS_INLINE void signed_product_body(const float* __restrict in, int64_t ld_in,
+                                          int64_t rows, int64_t n_in,
+                                          const uint32_t* __restrict masks, int64_t n_pad,
+                                          float mag, float* __restrict out, int64_t ld_out,
+                                          int64_t n_out) {
+  using F = typename SignVec<L>::F;
+  using U = typename SignVec<L>::U;
+  for (int64_t r0 = 0; r0 < rows; r0 += kSignRows) {
+    const int nr = static_cast<int>(std::min<int64_t>(kSignRows, rows - r0));
+    const float* src[kSignRows];
+    for (int r = 0; r < kSignRows; ++r) src[r] = in + (r0 + (r < nr ? r : 0)) * ld_in;
+    for (int64_t c0 = 0; c0 < n_out; c0 += 2 * L) {
+      F acc[kSignRows][2];
+      for (int r = 0; r < kSignRows; ++r) acc[r][0] = acc[r][1] = F{};
+      const uint32_t* m = masks + c0;
+      for (int64_t i = 0; i < n_in; ++i, m += n_pad) {
+        U m0, m1;
+        std::memcpy(&m0, m, sizeof m0);
+        std::memcpy(&m1, m + L, sizeof m1);
+        for (int r = 0; r < kSignRows; ++r) {
+          uint32_t b;
+          std::memcpy(&b, src[r] + i, sizeof b);
+          acc[r][0] += SignVec<L>::as_float(m0 ^ b);
+          acc[r][1] += SignVec<L>::as_float(m1 ^ b);
+        }
+      }
+      const int64_t n = std::min<int64_t>(2 * L, n_out - c0);
+      for (int r = 0; r < nr; ++r) {
+        F v[2] = {acc[r][0] * mag, acc[r][1] * mag};
+        std::memcpy(out + (r0 + r) * ld_out + c0, v, static_cast<size_t>(n) * sizeof(float));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- ISA variants
 
 using PackFn = void (*)(const uint8_t*, uint8_t*, int64_t);
@@ -199,9 +260,11 @@ struct Kernels {
   PackFn pack[3];    // bits 1, 2, 4
   PackFn unpack[3];  // bits 1, 2, 4
   void (*signs)(float*, int64_t, uint32_t, uint32_t, uint32_t, uint32_t);
+  void (*signed_product)(const float*, int64_t, int64_t, int64_t, const uint32_t*, int64_t, float,
+                         float*, int64_t, int64_t);
 };
 
-#define QT_DEFINE_VARIANT(NAME, ATTR)                                                          \
+#define QT_DEFINE_VARIANT(NAME, ATTR, LANES)                                                   \
   ATTR RowKeys row_keys_##NAME(const float* x, int64_t n) { return row_keys_body(x, n); }      \
   ATTR void nearest_##NAME(const float* x, uint8_t* q, int64_t n, float zero, float inv,       \
                            float top) {                                                        \
@@ -230,19 +293,25 @@ struct Kernels {
                          uint32_t kh) {                                                        \
     signs_body(out, n, mag_bits, lo0, k1, kh);                                                 \
   }                                                                                            \
+  ATTR void signed_product_##NAME(const float* in, int64_t ld_in, int64_t rows, int64_t n_in,  \
+                                  const uint32_t* masks, int64_t n_pad, float mag, float* out, \
+                                  int64_t ld_out, int64_t n_out) {                             \
+    signed_product_body<LANES>(in, ld_in, rows, n_in, masks, n_pad, mag, out, ld_out, n_out);  \
+  }                                                                                            \
   const Kernels kernels_##NAME = {row_keys_##NAME,                                             \
                                   nearest_##NAME,                                              \
                                   stochastic_##NAME,                                           \
                                   dequant_##NAME,                                              \
                                   {pack1_##NAME, pack2_##NAME, pack4_##NAME},                  \
                                   {unpack1_##NAME, unpack2_##NAME, unpack4_##NAME},            \
-                                  signs_##NAME};
+                                  signs_##NAME,                                                \
+                                  signed_product_##NAME};
 
 #define QT_NO_ATTR
-QT_DEFINE_VARIANT(default, QT_NO_ATTR)
+QT_DEFINE_VARIANT(default, QT_NO_ATTR, 4)
 #if QT_X86_DISPATCH
-QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2)
-QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
+QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2, 8)
+QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, 16)
 #endif
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
@@ -308,8 +377,9 @@ std::pair<int64_t, int64_t> split_rows(int64_t rows, int64_t align, int t, int T
 
 // Run body(thread, row_begin, row_end) over the rows of a [rows, width]
 // stream, each block starting on a byte boundary of the packed stream.
+// `row_work` is the elements a row costs (default: width) for sizing the team.
 template <typename F>
-void parallel_rows(int64_t rows, int64_t width, const F& body) {
+void parallel_rows(int64_t rows, int64_t width, const F& body, int64_t row_work = -1) {
   int64_t g = 8;
   for (int64_t w = width % 8; w != 0;) {  // gcd(width, 8)
     const int64_t r = g % w;
@@ -318,7 +388,7 @@ void parallel_rows(int64_t rows, int64_t width, const F& body) {
   }
   const int64_t align = 8 / g;
   const int64_t blocks = (rows + align - 1) / align;
-  int nt = plan_threads(rows * width, kGrain);
+  int nt = plan_threads(rows * (row_work < 0 ? width : row_work), kGrain);
   nt = static_cast<int>(std::min<int64_t>(nt, std::max<int64_t>(blocks, 1)));
 #ifdef _OPENMP
   if (nt > 1) {
@@ -388,7 +458,6 @@ uint32_t as_bits(float f) {
 
 struct QuantizeArgs {
   const Kernels* K;
-  const float* x;
   int64_t width;
   int64_t bits;
   bool stochastic;
@@ -399,8 +468,75 @@ struct QuantizeArgs {
   uint16_t* range;
 };
 
-// One quantizing thread's rows [r0, r1); r0 * width is a multiple of 8.
-void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1) {
+// Where quantize_block reads row r: a row of the input itself ...
+struct InputRows {
+  const float* x;
+  int64_t width;
+  const float* operator()(int64_t r) const { return x + r * width; }
+};
+
+// Sign bits of the [d, k] Rademacher matrix (entry (i, j) at counter offset + i*k + j)
+// laid out for signed_product: one row per input column (d rows of k outputs for the
+// projection, or k rows of d for its inverse: `transposed`), each padded with zeros
+// to n_pad, a multiple of kSignTile.
+struct SignMasks {
+  std::vector<uint32_t> bits;
+  int64_t n_pad;
+  float mag;  // fl32(1 / sqrt(k)), as projection.rademacher_scale
+};
+
+SignMasks sign_masks(int64_t d, int64_t k, const rng::Keys& keys, uint64_t offset,
+                     bool transposed) {
+  SignMasks m;
+  const int64_t n_in = transposed ? k : d, n_out = transposed ? d : k;
+  m.n_pad = (n_out + kSignTile - 1) / kSignTile * kSignTile;
+  m.bits.assign(static_cast<size_t>(n_in * m.n_pad), 0u);
+  m.mag = static_cast<float>(1.0 / std::sqrt(static_cast<double>(k)));
+  for (int64_t i = 0; i < d; ++i) {
+    for (int64_t j = 0; j < k; ++j) {
+      const uint64_t c = offset + static_cast<uint64_t>(i * k + j);
+      const uint32_t h = rng::bits_lo(keys.k1, rng::block_key(keys, static_cast<uint32_t>(c >> 32)),
+                                      static_cast<uint32_t>(c));
+      const int64_t at = transposed ? j * m.n_pad + i : i * m.n_pad + j;
+      m.bits[static_cast<size_t>(at)] = h & 0x80000000u;
+    }
+  }
+  return m;
+}
+
+// Rows projected in groups of kStageRows into a per-thread stage.
+constexpr int64_t kStageRows = 64;
+
+// ... or a row of x [rows, d] projected to k columns, computed kStageRows rows at a time
+// (rows are asked for in order, up to `end`).
+class ProjectedRows {
+ public:
+  ProjectedRows(const Kernels& K, const float* x, int64_t d, int64_t k, const SignMasks& m,
+                int64_t end)
+      : K_(K), x_(x), d_(d), k_(k), m_(m), end_(end), stage_(static_cast<size_t>(kStageRows * k)) {}
+
+  const float* operator()(int64_t r) {
+    if (r >= stop_) {
+      start_ = r;
+      stop_ = std::min(r + kStageRows, end_);
+      K_.signed_product(x_ + r * d_, d_, stop_ - start_, d_, m_.bits.data(), m_.n_pad, m_.mag,
+                        stage_.data(), k_, k_);
+    }
+    return stage_.data() + (r - start_) * k_;
+  }
+
+ private:
+  const Kernels& K_;
+  const float* x_;
+  int64_t d_, k_;
+  const SignMasks& m_;
+  int64_t end_, start_ = 0, stop_ = 0;
+  std::vector<float> stage_;
+};
+
+// One quantizing thread's rows [r0, r1) of the values rows(r); r0 * width is a multiple of 8.
+template <typename Rows>
+void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1, Rows& rows) {
   const Kernels& K = *a.K;
   const int64_t width = a.width;
   const auto top = static_cast<float>((1 << a.bits) - 1);
@@ -409,7 +545,7 @@ void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1) {
   uint8_t* out = a.packed + r0 * width / 8 * a.bits;
   const PackFn pack = a.bits == 8 ? nullptr : K.pack[bits_index(a.bits)];
   for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = a.x + r * width;
+    const float* xr = rows(r);
     const RowKeys k = K.row_keys(xr, width);
     // A row holding a NaN gets zero = range = NaN (torch's amin / amax propagate
     // it), so inv = 0, every value NaN -> level 0, and the row dequantizes to NaN,
@@ -448,8 +584,8 @@ void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1) {
         const int64_t first = r * width + j;
         for_counter_segments(a.offset, first, first + len,
                              [&](int64_t i, int64_t n, uint32_t lo, uint32_t hi) {
-                               K.stochastic(a.x + i, dst + (i - first), n, zero, inv, top, lo,
-                                            a.keys.k1, rng::block_key(a.keys, hi));
+                               K.stochastic(xr + (i - r * width), dst + (i - first), n, zero, inv,
+                                            top, lo, a.keys.k1, rng::block_key(a.keys, hi));
                              });
       }
       j += len;
@@ -477,11 +613,52 @@ struct DequantizeArgs {
   const uint16_t* range;
   int64_t width;
   int64_t bits;
+};
+
+// Where dequantize_block writes row r (row(r), then done(r) once it is complete):
+// straight into the output ...
+struct OutputRows {
   float* out;
+  int64_t width;
+  float* row(int64_t r) const { return out + r * width; }
+  void done(int64_t) const {}
+};
+
+// ... or into a stage of kStageRows rows of k values that is projected back to d
+// columns of out when it is full or the block ends (rows come in order, up to `end`).
+class UnprojectedRows {
+ public:
+  UnprojectedRows(const Kernels& K, float* out, int64_t d, int64_t k, const SignMasks& m,
+                  int64_t begin, int64_t end)
+      : K_(K), out_(out), d_(d), k_(k), m_(m), end_(end), start_(begin), stop_(begin),
+        stage_(static_cast<size_t>(kStageRows * k)) {}
+
+  float* row(int64_t r) {
+    if (r >= stop_) {
+      start_ = r;
+      stop_ = std::min(r + kStageRows, end_);
+    }
+    return stage_.data() + (r - start_) * k_;
+  }
+  void done(int64_t r) {
+    if (r + 1 == stop_) {
+      K_.signed_product(stage_.data(), k_, stop_ - start_, k_, m_.bits.data(), m_.n_pad, m_.mag,
+                        out_ + start_ * d_, d_, d_);
+    }
+  }
+
+ private:
+  const Kernels& K_;
+  float* out_;
+  int64_t d_, k_;
+  const SignMasks& m_;
+  int64_t end_, start_, stop_;
+  std::vector<float> stage_;
 };
 
 // One dequantizing thread's rows [r0, r1); r0 * width is a multiple of 8.
-void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1) {
+template <typename Sink>
+void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1, Sink& sink) {
   const Kernels& K = *a.K;
   const int64_t width = a.width;
   const auto levels = static_cast<float>((1 << a.bits) - 1);
@@ -493,9 +670,10 @@ void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float zero = as_float(static_cast<uint32_t>(a.zero[r]) << 16);
     const float step = as_float(static_cast<uint32_t>(a.range[r]) << 16) / levels;
-    float* orow = a.out + r * width;
+    float* orow = sink.row(r);
     if (unpack == nullptr) {
       K.dequant(a.packed + r * width, orow, width, step, zero);
+      sink.done(r);
       continue;
     }
     for (int64_t j = 0; j < width;) {
@@ -514,6 +692,7 @@ void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1) {
       pos += len;
       j += len;
     }
+    sink.done(r);
   }
 }
 
@@ -521,53 +700,58 @@ void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1) {
 
 // ---------------------------------------------------------------- ops
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in, int64_t bits,
-                                                             bool stochastic, uint64_t seed,
-                                                             int64_t offset) {
-  constexpr const char* fn = "qtrain._ext.quantize_rows";
-  check_bits(fn, bits);
-  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat && x_in.dim() == 2, fn,
-                   ": x must be a 2-d float32 tensor [rows, width], got ", x_in.scalar_type(),
-                   " ", x_in.sizes());
-  TORCH_CHECK_VALUE(x_in.device().is_cpu(), fn, ": x must be a CPU tensor, got device ",
-                    x_in.device());
-  TORCH_CHECK_VALUE(x_in.layout() == at::kStrided, fn, ": x must be a dense (strided) tensor");
-  const int64_t rows = x_in.size(0), width = x_in.size(1);
-  const int64_t n = x_in.numel();
-  check_count(fn, n);
-  check_counter_range(fn, n, offset);
+namespace {
 
-  const auto u8 = x_in.options().dtype(at::kByte);
-  const auto bf16 = x_in.options().dtype(at::kBFloat16);
+void check_rows_input(const char* fn, const at::Tensor& x) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat && x.dim() == 2, fn,
+                   ": x must be a 2-d float32 tensor [rows, width], got ", x.scalar_type(), " ",
+                   x.sizes());
+  TORCH_CHECK_VALUE(x.device().is_cpu(), fn, ": x must be a CPU tensor, got device ", x.device());
+  TORCH_CHECK_VALUE(x.layout() == at::kStrided, fn, ": x must be a dense (strided) tensor");
+}
+
+// (packed, zero, range) of a quantize_rows output for rows x width values, allocated.
+struct QuantizedRows {
+  at::Tensor packed, zero, range;
+};
+
+QuantizedRows allocate_quantized(const at::TensorOptions& opts, int64_t rows, int64_t width,
+                                 int64_t bits) {
+  const auto bf16 = opts.dtype(at::kBFloat16);
   if (rows == 0 || width == 0) {
-    return {at::zeros({0}, u8), at::zeros({rows}, bf16), at::zeros({rows}, bf16)};
+    return {at::zeros({0}, opts.dtype(at::kByte)), at::zeros({rows}, bf16),
+            at::zeros({rows}, bf16)};
   }
-  const at::Tensor x = x_in.contiguous();
-  const int64_t nbytes = packed_bytes(n, bits);
-  at::Tensor packed = at::empty({nbytes}, u8);
-  at::Tensor zero = at::empty({rows}, bf16);
-  at::Tensor range = at::empty({rows}, bf16);
+  QuantizedRows q{at::empty({packed_bytes(rows * width, bits)}, opts.dtype(at::kByte)),
+                  at::empty({rows}, bf16), at::empty({rows}, bf16)};
+  advise_huge_pages(q.packed.mutable_data_ptr(), static_cast<size_t>(q.packed.numel()));
+  return q;
+}
 
+QuantizeArgs quantize_args(QuantizedRows& q, int64_t width, int64_t bits, bool stochastic,
+                           uint64_t seed, int64_t offset) {
   QuantizeArgs a;
   a.K = &kernels();
-  a.x = x.const_data_ptr<float>();
   a.width = width;
   a.bits = bits;
   a.stochastic = stochastic;
   a.keys = rng::keys_from_seed(seed);
   a.offset = static_cast<uint64_t>(offset);
-  a.packed = static_cast<uint8_t*>(packed.mutable_data_ptr());
-  a.zero = static_cast<uint16_t*>(zero.mutable_data_ptr());
-  a.range = static_cast<uint16_t*>(range.mutable_data_ptr());
-  advise_huge_pages(a.packed, static_cast<size_t>(nbytes));
-
-  parallel_rows(rows, width, [&](int, int64_t r0, int64_t r1) { quantize_block(a, r0, r1); });
-  return {packed, zero, range};
+  a.packed = static_cast<uint8_t*>(q.packed.mutable_data_ptr());
+  a.zero = static_cast<uint16_t*>(q.zero.mutable_data_ptr());
+  a.range = static_cast<uint16_t*>(q.range.mutable_data_ptr());
+  return a;
 }
 
-at::Tensor dequantize_rows(const at::Tensor& packed_in, const at::Tensor& zero_in,
-                           const at::Tensor& range_in, int64_t bits, int64_t width) {
-  constexpr const char* fn = "qtrain._ext.dequantize_rows";
+// Validated contiguous (packed, zero, range) of rows x width values; rows = zero.numel().
+struct QuantizedInput {
+  at::Tensor packed, zero, range;
+  int64_t rows;
+};
+
+QuantizedInput check_quantized(const char* fn, const at::Tensor& packed_in,
+                               const at::Tensor& zero_in, const at::Tensor& range_in,
+                               int64_t bits, int64_t width) {
   check_bits(fn, bits);
   TORCH_CHECK_TYPE(zero_in.scalar_type() == at::kBFloat16 &&
                        range_in.scalar_type() == at::kBFloat16 &&
@@ -589,23 +773,109 @@ at::Tensor dequantize_rows(const at::Tensor& packed_in, const at::Tensor& zero_i
   TORCH_CHECK_VALUE(packed_in.numel() >= packed_bytes(n, bits), fn, ": packed has ",
                     packed_in.numel(), " bytes, ", n, " values of ", bits, " bits need ",
                     packed_bytes(n, bits));
-  at::Tensor out = at::empty({rows, width}, packed_in.options().dtype(at::kFloat));
-  if (n == 0) return out;
-  const at::Tensor packed = packed_in.contiguous();
-  const at::Tensor zero = zero_in.contiguous();
-  const at::Tensor range = range_in.contiguous();
+  return {packed_in.contiguous(), zero_in.contiguous(), range_in.contiguous(), rows};
+}
 
+DequantizeArgs dequantize_args(const QuantizedInput& q, int64_t bits, int64_t width) {
   DequantizeArgs a;
   a.K = &kernels();
-  a.packed = static_cast<const uint8_t*>(packed.const_data_ptr());
-  a.zero = static_cast<const uint16_t*>(zero.const_data_ptr());
-  a.range = static_cast<const uint16_t*>(range.const_data_ptr());
+  a.packed = static_cast<const uint8_t*>(q.packed.const_data_ptr());
+  a.zero = static_cast<const uint16_t*>(q.zero.const_data_ptr());
+  a.range = static_cast<const uint16_t*>(q.range.const_data_ptr());
   a.width = width;
   a.bits = bits;
-  a.out = out.mutable_data_ptr<float>();
-  advise_huge_pages(a.out, static_cast<size_t>(n) * sizeof(float));
-  parallel_rows(rows, width,
-                [&](int, int64_t r0, int64_t r1) { dequantize_block(a, r0, r1); });
+  return a;
+}
+
+void check_projection(const char* fn, int64_t d, int64_t k, int64_t offset) {
+  TORCH_CHECK_VALUE(d >= 0 && k >= 1, fn, ": need d >= 0 and k >= 1, got d=", d, ", k=", k);
+  TORCH_CHECK_VALUE(d <= (int64_t{1} << 40) / k, fn, ": the projection matrix is too large: d=",
+                    d, ", k=", k);
+  check_counter_range(fn, d * k, offset);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x_in, int64_t bits,
+                                                             bool stochastic, uint64_t seed,
+                                                             int64_t offset) {
+  constexpr const char* fn = "qtrain._ext.quantize_rows";
+  check_bits(fn, bits);
+  check_rows_input(fn, x_in);
+  const int64_t rows = x_in.size(0), width = x_in.size(1);
+  check_count(fn, x_in.numel());
+  check_counter_range(fn, x_in.numel(), offset);
+  QuantizedRows q = allocate_quantized(x_in.options(), rows, width, bits);
+  if (rows == 0 || width == 0) return {q.packed, q.zero, q.range};
+  const at::Tensor x = x_in.contiguous();
+  const QuantizeArgs a = quantize_args(q, width, bits, stochastic, seed, offset);
+  InputRows src{x.const_data_ptr<float>(), width};
+  parallel_rows(rows, width, [&](int, int64_t r0, int64_t r1) { quantize_block(a, r0, r1, src); });
+  return {q.packed, q.zero, q.range};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_quantize_rows(
+    const at::Tensor& x_in, int64_t k, int64_t bits, bool stochastic, uint64_t seed,
+    int64_t offset, int64_t projection_offset) {
+  constexpr const char* fn = "qtrain._ext.project_quantize_rows";
+  check_bits(fn, bits);
+  check_rows_input(fn, x_in);
+  const int64_t rows = x_in.size(0), d = x_in.size(1);
+  check_projection(fn, d, k, projection_offset);
+  TORCH_CHECK_VALUE(rows <= (int64_t{1} << 60) / k, fn, ": rows * k too large: ", rows, " x ", k);
+  check_counter_range(fn, rows * k, offset);
+  QuantizedRows q = allocate_quantized(x_in.options(), rows, k, bits);
+  if (rows == 0) return {q.packed, q.zero, q.range};
+  const at::Tensor x = x_in.contiguous();
+  const float* xp = x.const_data_ptr<float>();
+  const QuantizeArgs a = quantize_args(q, k, bits, stochastic, seed, offset);
+  const SignMasks m = sign_masks(d, k, a.keys, static_cast<uint64_t>(projection_offset), false);
+  parallel_rows(
+      rows, k,
+      [&](int, int64_t r0, int64_t r1) {
+        ProjectedRows src(*a.K, xp, d, k, m, r1);
+        quantize_block(a, r0, r1, src);
+      },
+      std::max<int64_t>(d, k));
+  return {q.packed, q.zero, q.range};
+}
+
+at::Tensor dequantize_rows(const at::Tensor& packed_in, const at::Tensor& zero_in,
+                           const at::Tensor& range_in, int64_t bits, int64_t width) {
+  constexpr const char* fn = "qtrain._ext.dequantize_rows";
+  const QuantizedInput q = check_quantized(fn, packed_in, zero_in, range_in, bits, width);
+  at::Tensor out = at::empty({q.rows, width}, packed_in.options().dtype(at::kFloat));
+  if (q.rows * width == 0) return out;
+  const DequantizeArgs a = dequantize_args(q, bits, width);
+  OutputRows sink{out.mutable_data_ptr<float>(), width};
+  advise_huge_pages(sink.out, static_cast<size_t>(q.rows * width) * sizeof(float));
+  parallel_rows(q.rows, width,
+                [&](int, int64_t r0, int64_t r1) { dequantize_block(a, r0, r1, sink); });
+  return out;
+}
+
+at::Tensor dequantize_unproject_rows(const at::Tensor& packed_in, const at::Tensor& zero_in,
+                                     const at::Tensor& range_in, int64_t bits, int64_t k,
+                                     int64_t d, uint64_t seed, int64_t projection_offset) {
+  constexpr const char* fn = "qtrain._ext.dequantize_unproject_rows";
+  check_projection(fn, d, k, projection_offset);
+  const QuantizedInput q = check_quantized(fn, packed_in, zero_in, range_in, bits, k);
+  TORCH_CHECK_VALUE(q.rows <= (int64_t{1} << 60) / std::max<int64_t>(d, 1), fn,
+                    ": rows * d too large: ", q.rows, " x ", d);
+  at::Tensor out = at::empty({q.rows, d}, packed_in.options().dtype(at::kFloat));
+  if (q.rows * d == 0) return out;
+  float* op = out.mutable_data_ptr<float>();
+  advise_huge_pages(op, static_cast<size_t>(q.rows * d) * sizeof(float));
+  const DequantizeArgs a = dequantize_args(q, bits, k);
+  const SignMasks m =
+      sign_masks(d, k, rng::keys_from_seed(seed), static_cast<uint64_t>(projection_offset), true);
+  parallel_rows(
+      q.rows, k,
+      [&](int, int64_t r0, int64_t r1) {
+        UnprojectedRows sink(*a.K, op, d, k, m, r0, r1);
+        dequantize_block(a, r0, r1, sink);
+      },
+      d);
   return out;
 }
 

@@ -106,6 +106,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>(),
         "float32 [rows, width] from quantize_rows' output: q * fl32(range / (2^bits - 1)) +\n"
         "zero per row. Bit-identical to qtrain.quant.rowwise.dequantize_rows.");
+  m.def("project_quantize_rows", &qtrain::project_quantize_rows, py::arg("x"), py::arg("k"),
+        py::arg("bits"), py::arg("stochastic") = true, py::arg("seed") = 0, py::arg("offset") = 0,
+        py::arg("projection_offset") = 0, py::call_guard<py::gil_scoped_release>(),
+        "quantize_rows of float32 x [rows, d] projected to k columns by the Rademacher matrix\n"
+        "at projection_offset, computed row block by row block without the projected tensor.\n"
+        "Bit-identical to quantize_rows(qtrain.quant.projection.project_rows(x, k, seed,\n"
+        "projection_offset), bits, rounding, seed, offset) for any thread count and ISA.");
+  m.def("dequantize_unproject_rows", &qtrain::dequantize_unproject_rows, py::arg("packed"),
+        py::arg("zero"), py::arg("range"), py::arg("bits"), py::arg("k"), py::arg("d"),
+        py::arg("seed") = 0, py::arg("projection_offset") = 0,
+        py::call_guard<py::gil_scoped_release>(),
+        "float32 [rows, d] from project_quantize_rows' output: dequantize_rows, then\n"
+        "qtrain.quant.projection.unproject_rows by the same matrix, bit for bit.");
   m.def("pack_bits", &qtrain::pack_bits, py::arg("values"), py::arg("bits"),
         py::call_guard<py::gil_scoped_release>(),
         "uint8 or bool values (any shape, taken flat, masked to `bits` bits) as one dense\n"

@@ -48,6 +48,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
 at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& zero,
                            const at::Tensor& range, int64_t bits, int64_t width);
 
+// quantize_rows of x [rows, d] projected to k columns by the Rademacher matrix at
+// projection_offset (qtrain/quant/projection.py project_rows), in one pass over x.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_quantize_rows(
+    const at::Tensor& x, int64_t k, int64_t bits, bool stochastic, uint64_t seed, int64_t offset,
+    int64_t projection_offset);
+
+// float32 [rows, d] from project_quantize_rows' output: dequantized, then unproject_rows.
+at::Tensor dequantize_unproject_rows(const at::Tensor& packed, const at::Tensor& zero,
+                                     const at::Tensor& range, int64_t bits, int64_t k, int64_t d,
+                                     uint64_t seed, int64_t projection_offset);
+
 // uint8 / bool values (any shape, taken flat; masked to `bits` bits) as a dense
 // little-endian bit stream, and the first n values of such a stream back.
 at::Tensor pack_bits(const at::Tensor& values, int64_t bits);

@@ -2,8 +2,9 @@
 
 The reference (``qtrain.quant.rowwise``, ``qtrain.quant.projection``) defines
 every float32 operation, so the ext-cpu kernels must agree bit for bit: packed
-bytes, the bfloat16 zero points and ranges, the dequantized floats and the
-Rademacher matrix, for every ISA variant this CPU runs and 1 / 2 threads.
+bytes, the bfloat16 zero points and ranges, the dequantized floats, the
+Rademacher matrix and the fused projection kernels, for every ISA variant this
+CPU runs and 1 / 2 threads.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import torch
 from conftest import ext_or_skip
 
+from qtrain import backends
 from qtrain.ops import compress, dispatch
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
@@ -208,6 +210,38 @@ def test_reference_rademacher() -> None:
     for d, k in ((-1, 3), (3, 0)):
         with pytest.raises(ValueError, match="d >= 0"):
             projection.rademacher(d, k)
+
+
+def test_reference_projection_products_are_the_matrix_products() -> None:
+    """project_rows / unproject_rows are x @ R and y @ R^T, summed in their fixed order."""
+    g = torch.Generator().manual_seed(1)
+    for rows, d, k in ((7, 64, 8), (3, 5, 9), (1, 1, 1), (0, 4, 2)):
+        x = torch.randn(rows, d, generator=g)
+        r = projection.rademacher(d, k, seed=2, offset=5)
+        y = projection.project_rows(x, k, seed=2, offset=5)
+        torch.testing.assert_close(y, x @ r, rtol=1e-5, atol=1e-6)
+        back = projection.unproject_rows(y, d, seed=2, offset=5)
+        torch.testing.assert_close(back, y @ r.t(), rtol=1e-5, atol=1e-6)
+    # no input columns: the empty sum
+    assert torch.equal(projection.project_rows(torch.empty(3, 0), 4), torch.zeros(3, 4))
+    assert projection.unproject_rows(torch.empty(3, 4), 0).shape == (3, 0)
+    with pytest.raises(TypeError, match="float32"):
+        projection.project_rows(torch.zeros(3, 4, dtype=torch.float64), 2)
+    with pytest.raises(TypeError, match="2-d"):
+        projection.unproject_rows(torch.zeros(4), 2)
+
+
+def test_reference_projection_round_trip_is_unbiased() -> None:
+    """E[(h R) R^T] = h over the matrix's seeds (exact-iclr22 Proposition 2)."""
+    h = torch.linspace(-1.0, 2.0, 24).reshape(1, 24)
+    mean = torch.zeros_like(h)
+    n = 400
+    for seed in range(n):
+        y = projection.project_rows(h, 6, seed=seed)
+        mean += projection.unproject_rows(y, 24, seed=seed) / n
+    # each entry's variance is |h|^2 (D - 1) / (K D) ~ 4.4 / n over n draws: sd ~ 0.1
+    assert float((mean - h).abs().max()) < 0.45
+    assert float((mean - h).abs().mean()) < 0.15
 
 
 # ------------------------------------------------------------------ ext == reference
@@ -468,3 +502,134 @@ def test_masked_scale_refuses_a_short_mask_and_wrong_types() -> None:
         ext.masked_scale(grad, torch.zeros(2, dtype=torch.uint8), 1.0)
     with pytest.raises(TypeError, match="float32"):
         ext.masked_scale(grad.double(), torch.zeros(3, dtype=torch.uint8), 1.0)
+
+
+# ------------------------------------------------------------------ fused projection kernels
+
+# (rows, d, k): odd widths, k above d, k not a multiple of any vector width, 1 x 1,
+# no rows, no input columns; enough rows for several 4-row tiles and 64-row stages
+PROJECTION_SHAPES = (
+    (37, 256, 32),
+    (5, 17, 3),
+    (9, 33, 40),
+    (1, 1, 1),
+    (70, 64, 8),
+    (130, 100, 33),
+    (0, 16, 4),
+    (6, 0, 5),
+)
+
+
+def _fused_reference(
+    x: torch.Tensor, k: int, bits: int, rounding: str, seed: int, offset: int, proj: int
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    y = projection.project_rows(x, k, seed, proj)
+    want = ref.quantize_rows(y, bits, rounding, seed, offset)
+    back = projection.unproject_rows(ref.dequantize_rows(*want, bits, k), x.shape[1], seed, proj)
+    return want, back
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_ext_fused_projection_matches_reference(
+    bits: int, rounding: str, isas: list[str], threads: None
+) -> None:
+    ext_or_skip()
+    for rows, d, k in PROJECTION_SHAPES:
+        x = _rows(rows, d, seed=rows * 7 + d) if d else torch.empty(rows, 0)
+        for seed, offset in STREAMS[:2]:
+            proj = offset // 3
+            want, back = _fused_reference(x, k, bits, rounding, seed, offset, proj)
+            for i, isa in enumerate(isas):
+                backends.ext_cpu().set_isa(isa)
+                torch.set_num_threads(1 + (i + rows) % 2)
+                got = compress.project_quantize_rows(
+                    x, k, bits, rounding, seed, offset, proj, backend="ext-cpu"
+                )
+                why = (isa, torch.get_num_threads(), rows, d, k, seed)
+                _assert_same(got, want, *why)
+                out = compress.dequantize_unproject_rows(
+                    *got, bits, k, d, seed, proj, backend="ext-cpu"
+                )
+                _assert_same((out,), (back,), *why)
+
+
+def test_ext_fused_projection_split_across_threads(isas: list[str], threads: None) -> None:
+    """Enough rows that two threads split them (k = 17: blocks of 8 rows), zero and constant rows."""
+    ext = ext_or_skip()
+    x = _rows(3001, 129, seed=4)
+    for bits in (1, 2):
+        want, back = _fused_reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
+        for isa in isas:
+            ext.set_isa(isa)
+            for nt in (1, 2):
+                torch.set_num_threads(nt)
+                got = ext.project_quantize_rows(x, 17, bits, True, 9, 2**32 - 30_001, 77)
+                _assert_same(got, want, isa, nt, bits)
+                out = ext.dequantize_unproject_rows(*got, bits, 17, 129, 9, 77)
+                _assert_same((out,), (back,), isa, nt, bits)
+
+
+def test_ext_fused_projection_of_zero_constant_and_non_finite_rows(isas: list[str]) -> None:
+    ext = ext_or_skip()
+    x = torch.zeros(6, 40)
+    x[1] = 3.0
+    x[2, ::3] = -0.0
+    x[3, 5] = float("nan")
+    x[4, 0] = float("inf")
+    x[5] = torch.linspace(-2.0, 2.0, 40)
+    finite = torch.tensor([True, True, True, False, False, True])
+    want, back = _fused_reference(x, 8, 2, "stochastic", 1, 0, 0)
+    assert torch.equal(back[0], torch.zeros(40))  # a zero row projects and comes back as zeros
+    for isa in isas:
+        ext.set_isa(isa)
+        got = ext.project_quantize_rows(x, 8, 2, True, 1, 0, 0)
+        assert torch.equal(got[0], want[0]), isa
+        for g, w in zip(got[1:], want[1:], strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+        out = ext.dequantize_unproject_rows(*got, 2, 8, 40, 1, 0)
+        assert torch.equal(out[finite], back[finite]), isa
+        assert bool(out[~finite].isnan().all()) and bool(back[~finite].isnan().all())
+
+
+def test_ext_fused_projection_argument_errors() -> None:
+    ext = ext_or_skip()
+    x = torch.randn(4, 6)
+    with pytest.raises(ValueError, match="k >= 1"):
+        ext.project_quantize_rows(x, 0, 2, True, 0, 0, 0)
+    with pytest.raises(ValueError, match="bits must be one of"):
+        ext.project_quantize_rows(x, 2, 3, True, 0, 0, 0)
+    with pytest.raises(TypeError, match="float32"):
+        ext.project_quantize_rows(x.double(), 2, 2, True, 0, 0, 0)
+    with pytest.raises(ValueError, match="offset must be >= 0"):
+        ext.project_quantize_rows(x, 2, 2, True, 0, 0, -1)
+    packed, zero, rng = ext.project_quantize_rows(x, 3, 2, True, 0, 0, 0)
+    with pytest.raises(ValueError, match="need"):
+        ext.dequantize_unproject_rows(packed[:1], zero, rng, 2, 3, 6, 0, 0)
+    with pytest.raises(ValueError, match="k >= 1"):
+        ext.dequantize_unproject_rows(packed, zero, rng, 2, 0, 6, 0, 0)
+    with pytest.raises(ValueError, match="d >= 0"):
+        ext.dequantize_unproject_rows(packed, zero, rng, 2, 3, -1, 0, 0)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        compress.project_quantize_rows(x, 0, 2)
+    with pytest.raises(ValueError, match="rounding must be one of"):
+        compress.project_quantize_rows(x, 2, 2, "up")
+
+
+def test_fused_projection_dispatch_is_counted() -> None:
+    ext_or_skip()
+    x = _rows(12, 16, seed=3)
+    dispatch.reset()
+    try:
+        got = compress.project_quantize_rows(x, 4, 2, "nearest", 1, 0, 9)
+        compress.dequantize_unproject_rows(*got, 2, 4, 16, 1, 9)
+        assert dispatch.snapshot() == {
+            "project+compress": {"ext-cpu": 1},
+            "decompress+unproject": {"ext-cpu": 1},
+        }
+        dispatch.reset()
+        want = compress.project_quantize_rows(x, 4, 2, "nearest", 1, 0, 9, backend="reference")
+        assert dispatch.snapshot() == {"project+compress": {"reference": 1}}
+        _assert_same(got, want)
+    finally:
+        dispatch.reset()

@@ -4,7 +4,9 @@ The math is defined once in :mod:`qtrain.quant.rowwise` (per-row quantization,
 bit packing) and :mod:`qtrain.quant.projection` (the Rademacher matrix); these
 wrappers validate arguments once, pick a backend per call and count it under
 the primitive names ``compress`` / ``decompress`` / ``pack`` / ``unpack`` /
-``rademacher``. Backends agree bit for bit.
+``rademacher``, and the fused ``project+compress`` / ``decompress+unproject``
+(one pass over the activation instead of a GEMM, a quantize and their
+intermediate tensor). Backends agree bit for bit.
 """
 
 from __future__ import annotations
@@ -63,6 +65,69 @@ def dequantize_rows(
     else:
         out = ref.dequantize_rows(packed, zero, rng, bits, width)
     dispatch.COUNTER.record("decompress", chosen)
+    return out
+
+
+def project_quantize_rows(
+    x: torch.Tensor,
+    k: int,
+    bits: int,
+    rounding: str = "stochastic",
+    seed: int = 0,
+    offset: int = 0,
+    projection_offset: int = 0,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows` of ``project_rows(x, k)``: float32 ``x [rows, d]`` to ``k``
+    columns by the Rademacher matrix at ``projection_offset``, then quantized (rounding
+    draws at ``offset``)."""
+    bits = ref.check_pack_bits(bits)
+    if rounding not in ref.ROUNDINGS:
+        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    seed = normalize_seed(seed)
+    check_counter_range(x.shape[0] * k if x.dim() == 2 else 0, offset)
+    check_counter_range(x.shape[-1] * k if x.dim() == 2 else 0, projection_offset)
+    chosen = dispatch.resolve("project+compress", x, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().project_quantize_rows(
+            x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
+        )
+    else:
+        y = projection.project_rows(x, k, seed, projection_offset)
+        out = ref.quantize_rows(y, bits, rounding, seed, offset)
+    dispatch.COUNTER.record("project+compress", chosen)
+    return out
+
+
+def dequantize_unproject_rows(
+    packed: torch.Tensor,
+    zero: torch.Tensor,
+    rng: torch.Tensor,
+    bits: int,
+    k: int,
+    d: int,
+    seed: int = 0,
+    projection_offset: int = 0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """float32 ``[rows, d]`` back from :func:`project_quantize_rows`: dequantized, then
+    ``unproject_rows`` by the same matrix."""
+    bits = ref.check_pack_bits(bits)
+    if k < 1 or d < 0:
+        raise ValueError(f"need k >= 1 and d >= 0, got k={k}, d={d}")
+    seed = normalize_seed(seed)
+    check_counter_range(d * k, projection_offset)
+    chosen = dispatch.resolve("decompress+unproject", packed, backend, kernels=COMPRESS_KERNELS)
+    if chosen == "ext-cpu":
+        out = backends.ext_cpu().dequantize_unproject_rows(
+            packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
+        )
+    else:
+        y = ref.dequantize_rows(packed, zero, rng, bits, k)
+        out = projection.unproject_rows(y, d, seed, projection_offset)
+    dispatch.COUNTER.record("decompress+unproject", chosen)
     return out
 
 

@@ -28,7 +28,8 @@
   tensors, parameters and inputs, which the meter never hands over): kept.
 
 The projection matrix is not stored: it is regenerated from the run's seed
-and a per-tensor counter offset. A tensor saved twice (two ops, one tensor) is
+and a per-tensor counter offset, inside the fused kernels that project and
+quantize in one pass (and dequantize and project back in one pass). A tensor saved twice (two ops, one tensor) is
 compressed once within a step.
 """
 
@@ -185,13 +186,23 @@ class CompressingCodec:
         if isinstance(stored, CompressedMask):
             n = stored.shape.numel()
             return compress.unpack_mask(stored.packed, n, self.backend).reshape(stored.shape)
-        rows = compress.dequantize_rows(
-            stored.packed, stored.zero, stored.rng, stored.bits, stored.width, self.backend
-        )
         if stored.projection is not None:
             width, k, offset = stored.projection
-            r = compress.rademacher(width, k, self.seed, offset, self.backend)
-            rows = rows @ r.t()
+            rows = compress.dequantize_unproject_rows(
+                stored.packed,
+                stored.zero,
+                stored.rng,
+                stored.bits,
+                k,
+                width,
+                self.seed,
+                offset,
+                self.backend,
+            )
+        else:
+            rows = compress.dequantize_rows(
+                stored.packed, stored.zero, stored.rng, stored.bits, stored.width, self.backend
+            )
         flat = rows.reshape(-1)
         n = stored.shape.numel()
         if stored.blocked:
@@ -258,17 +269,27 @@ class CompressingCodec:
             and t.requires_grad
             and t.untyped_storage().data_ptr() not in self._no_projection
         )
-        if project:
-            offset = self._draw(rows.shape[1] * k)
-            r = compress.rademacher(rows.shape[1], k, self.seed, offset, self.backend)
-            projection = (rows.shape[1], k, offset)
-            rows = rows @ r
-            self.stats["projected"] += 1
         rows = rows.contiguous()
-        packed, zero, rng = compress.quantize_rows(
-            rows, self.bits, self.rounding, self.seed, self._draw(rows.numel()), self.backend
-        )
+        if project:  # one pass: the projected tensor is never materialized
+            offset = self._draw(rows.shape[1] * k)
+            projection = (rows.shape[1], k, offset)
+            packed, zero, rng = compress.project_quantize_rows(
+                rows,
+                k,
+                self.bits,
+                self.rounding,
+                self.seed,
+                self._draw(rows.shape[0] * k),
+                offset,
+                self.backend,
+            )
+            self.stats["projected"] += 1
+        else:
+            k = rows.shape[1]
+            packed, zero, rng = compress.quantize_rows(
+                rows, self.bits, self.rounding, self.seed, self._draw(rows.numel()), self.backend
+            )
         self.stats["quantized"] += 1
         return CompressedTensor(
-            packed, zero, rng, self.bits, rows.shape[1], t.shape, t.dtype, blocked, projection
+            packed, zero, rng, self.bits, k, t.shape, t.dtype, blocked, projection
         )

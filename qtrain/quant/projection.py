@@ -5,8 +5,15 @@ with equal probability, so ``E[R R^T] = I`` and ``h -> (h R) R^T`` is an
 unbiased estimate of ``h`` (Proposition 2). It is never stored: entry
 ``(d, k)`` is a pure function of ``(seed, offset + d*K + k)`` through the
 counter generator (sign = the top bit of the 32-bit hash), so backward
-regenerates exactly the matrix forward used. The products themselves are
-dense float32 GEMMs and run on torch's BLAS.
+regenerates exactly the matrix forward used.
+
+The products (:func:`project_rows`, ``h R``, and :func:`unproject_rows`,
+``y R^T``) have one fixed float32 order, so a compiled kernel can fuse them
+with quantization and still agree bit for bit: every entry is ``+-s`` with
+``s = fl32(1/sqrt(K))``, so an output is ``fl32(s * acc)`` where ``acc`` adds
+the inputs, each with its sign flipped where the entry is negative (exact), one
+after the other in input order, starting from +0. It is the same matrix
+product, rounded once less per term than a BLAS GEMM on ``R``.
 """
 
 from __future__ import annotations
@@ -38,3 +45,33 @@ def rademacher(d: int, k: int, seed: int = 0, offset: int = 0) -> torch.Tensor:
     mag = rademacher_scale(k)
     signs = torch.where(h >= 2**31, -mag, mag).to(torch.float32)
     return signs.reshape(d, k)
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.float32 or t.dim() != 2:
+        raise TypeError(
+            f"{name} must be a 2-d float32 tensor [rows, width], got {t.dtype} {tuple(t.shape)}"
+        )
+
+
+def _signed_sums(x: torch.Tensor, signs: torch.Tensor, scale: float) -> torch.Tensor:
+    """``fl32(scale * acc)``: ``acc`` adds ``x [rows, n_in]`` times ``signs [n_in, n_out]``
+    (+-1: exact) one input at a time, from +0."""
+    acc = torch.zeros(x.shape[0], signs.shape[1], dtype=torch.float32)
+    for i in range(x.shape[1]):
+        acc = acc + x[:, i : i + 1] * signs[i]
+    return acc * scale
+
+
+def project_rows(x: torch.Tensor, k: int, seed: int = 0, offset: int = 0) -> torch.Tensor:
+    """``x [rows, d] @ R [d, k]`` in the fixed order of the module docstring."""
+    _check_rows("x", x)
+    signs = rademacher(x.shape[1], k, seed, offset).sign()
+    return _signed_sums(x, signs, rademacher_scale(k))
+
+
+def unproject_rows(y: torch.Tensor, d: int, seed: int = 0, offset: int = 0) -> torch.Tensor:
+    """``y [rows, k] @ R^T`` back to ``d`` columns (``R`` is ``[d, k]``), in the fixed order."""
+    _check_rows("y", y)
+    signs = rademacher(d, y.shape[1], seed, offset).sign()
+    return _signed_sums(y, signs.t(), rademacher_scale(y.shape[1]))
