@@ -1,4 +1,4 @@
-"""The ``qtrain`` command: run, calibrate, datasets, models, plugins, doctor.
+"""The ``qtrain`` command: run, profile, calibrate, datasets, models, plugins, doctor.
 
 Results go to standard output (a short report, or with ``--json`` one JSON
 object on the last line); progress and logs go to standard error. Bad input
@@ -142,6 +142,80 @@ def run(
         highlight=False,
     )
     out.print(f"run directory: {summary['run_dir']}", highlight=False)
+
+
+@app.command()
+def profile(
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
+    ] = None,
+    epochs: Annotated[
+        int, typer.Option("--epochs", help="Epochs profiled, after the warm-up.")
+    ] = 3,
+    warmup: Annotated[
+        int, typer.Option("--warmup", help="Epochs trained before profiling (not profiled).")
+    ] = 2,
+    compare: Annotated[
+        str | None,
+        typer.Option(
+            "--compare",
+            help="Also profile the recipe without plugins, 'fp32' or 'bf16' (autocast), "
+            "in this process, and add speedup columns.",
+            show_default=False,
+        ),
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace", help="Write a Chrome trace (torch.profiler) of the profiled epochs here."
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a recipe key, e.g. --set train.seed=1 (repeatable)."),
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object (primitives, epoch_ms) on the last line."
+        ),
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+    ] = False,
+) -> None:
+    """Show where an epoch's time goes, primitive by primitive (torch.profiler)."""
+
+    def action() -> Any:
+        from qtrain._io import stdout_to_stderr
+        from qtrain.profiling import check_options, profile_run
+        from qtrain.recipe import load_recipe
+
+        check_options(epochs, warmup, compare)
+        path = recipe if recipe is not None else DEFAULT_RECIPE
+        if recipe is None and not path.exists():
+            raise QtrainError("no recipe given and ./qtrain.toml does not exist")
+        loaded = load_recipe(path, set_ or [])
+        with stdout_to_stderr():
+            return profile_run(loaded, epochs=epochs, warmup=warmup, compare=compare, trace=trace)
+
+    done = guarded(action, debug)
+    if as_json:
+        _print_json(done.result)
+    else:
+        from qtrain.profiling.report import footer, table
+
+        out.print(table(done.profile, done.baseline, done.compare))
+        for line in footer(done.profile, done.baseline, done.compare):
+            out.print(line, highlight=False)
+        out.print(f"run directory: {done.run_dir} (profile.json, profile.png)", highlight=False)
+    if done.compare_error is not None:
+        _fail(
+            f"--compare {done.compare}: the baseline failed ({done.compare_error}); "
+            f"the profile without it is in {done.run_dir}",
+            EXIT_FAILED,
+        )
 
 
 @app.command()

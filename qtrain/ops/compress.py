@@ -41,11 +41,13 @@ def quantize_rows(
     seed = normalize_seed(seed)
     check_counter_range(x.numel(), offset)
     chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().quantize_rows(x, bits, rounding == "stochastic", seed, int(offset))
-    else:
-        out = ref.quantize_rows(x, bits, rounding, seed, offset)
-    dispatch.COUNTER.record("compress", chosen)
+    with dispatch.call("compress", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().quantize_rows(
+                x, bits, rounding == "stochastic", seed, int(offset)
+            )
+        else:
+            out = ref.quantize_rows(x, bits, rounding, seed, offset)
     return out
 
 
@@ -60,11 +62,11 @@ def dequantize_rows(
     """float32 ``[rows, width]`` back from :func:`quantize_rows`."""
     bits = ref.check_pack_bits(bits)
     chosen = dispatch.resolve("decompress", packed, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().dequantize_rows(packed, zero, rng, bits, int(width))
-    else:
-        out = ref.dequantize_rows(packed, zero, rng, bits, width)
-    dispatch.COUNTER.record("decompress", chosen)
+    with dispatch.call("decompress", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().dequantize_rows(packed, zero, rng, bits, int(width))
+        else:
+            out = ref.dequantize_rows(packed, zero, rng, bits, width)
     return out
 
 
@@ -90,14 +92,14 @@ def project_quantize_rows(
     check_counter_range(x.shape[0] * k if x.dim() == 2 else 0, offset)
     check_counter_range(x.shape[-1] * k if x.dim() == 2 else 0, projection_offset)
     chosen = dispatch.resolve("project+compress", x, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().project_quantize_rows(
-            x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
-        )
-    else:
-        y = projection.project_rows(x, k, seed, projection_offset)
-        out = ref.quantize_rows(y, bits, rounding, seed, offset)
-    dispatch.COUNTER.record("project+compress", chosen)
+    with dispatch.call("project+compress", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().project_quantize_rows(
+                x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
+            )
+        else:
+            y = projection.project_rows(x, k, seed, projection_offset)
+            out = ref.quantize_rows(y, bits, rounding, seed, offset)
     return out
 
 
@@ -120,36 +122,36 @@ def dequantize_unproject_rows(
     seed = normalize_seed(seed)
     check_counter_range(d * k, projection_offset)
     chosen = dispatch.resolve("decompress+unproject", packed, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().dequantize_unproject_rows(
-            packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
-        )
-    else:
-        y = ref.dequantize_rows(packed, zero, rng, bits, k)
-        out = projection.unproject_rows(y, d, seed, projection_offset)
-    dispatch.COUNTER.record("decompress+unproject", chosen)
+    with dispatch.call("decompress+unproject", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().dequantize_unproject_rows(
+                packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
+            )
+        else:
+            y = ref.dequantize_rows(packed, zero, rng, bits, k)
+            out = projection.unproject_rows(y, d, seed, projection_offset)
     return out
 
 
 def pack_mask(mask: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """A bool tensor as a dense bit stream, 1 bit per element."""
     chosen = dispatch.resolve("pack", mask, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
-    else:
-        out = ref.pack_bits(mask, 1)
-    dispatch.COUNTER.record("pack", chosen)
+    with dispatch.call("pack", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
+        else:
+            out = ref.pack_bits(mask, 1)
     return out
 
 
 def unpack_mask(packed: torch.Tensor, n: int, backend: str = "auto") -> torch.Tensor:
     """The first ``n`` bits of a stream from :func:`pack_mask`, as a flat bool tensor."""
     chosen = dispatch.resolve("unpack", packed, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().unpack_bits(packed, 1, int(n))
-    else:
-        out = ref.unpack_bits(packed, 1, n)
-    dispatch.COUNTER.record("unpack", chosen)
+    with dispatch.call("unpack", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().unpack_bits(packed, 1, int(n))
+        else:
+            out = ref.unpack_bits(packed, 1, n)
     return out.view(torch.bool)
 
 
@@ -158,11 +160,11 @@ def masked_scale(
 ) -> torch.Tensor:
     """``grad * scale`` where the packed 1-bit mask is set, else 0 (ReLU / dropout backward)."""
     chosen = dispatch.resolve("unpack", packed, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().masked_scale(grad, packed, float(scale))
-    else:
-        out = ref.masked_scale(grad, packed, scale)
-    dispatch.COUNTER.record("unpack", chosen)
+    with dispatch.call("unpack", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().masked_scale(grad, packed, float(scale))
+        else:
+            out = ref.masked_scale(grad, packed, scale)
     return out
 
 
@@ -172,9 +174,9 @@ def rademacher(
     """The float32 ``[d, k]`` normalized Rademacher matrix (see :mod:`qtrain.quant.projection`)."""
     probe = torch.empty(0)
     chosen = dispatch.resolve("rademacher", probe, backend, kernels=COMPRESS_KERNELS)
-    if chosen == "ext-cpu":
-        out = backends.ext_cpu().rademacher(int(d), int(k), normalize_seed(seed), int(offset))
-    else:
-        out = projection.rademacher(d, k, seed, offset)
-    dispatch.COUNTER.record("rademacher", chosen)
+    with dispatch.call("rademacher", chosen):
+        if chosen == "ext-cpu":
+            out = backends.ext_cpu().rademacher(int(d), int(k), normalize_seed(seed), int(offset))
+        else:
+            out = projection.rademacher(d, k, seed, offset)
     return out

@@ -6,13 +6,16 @@ for the tensor's device when one exists and is built; when it has to use the
 reference instead, the reason goes into :data:`COUNTER`'s ``fallbacks`` so the
 run log and ``qtrain doctor`` can say so: nothing falls back silently. Every
 call is counted as (primitive, backend), which is how a run (or a test) proves
-which kernels actually ran.
+which kernels actually ran. :func:`call` also marks each call's span for
+``torch.profiler`` (``qtrain::<primitive>[<backend>]``): that is how
+``qtrain profile`` times kernels without estimating.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 import torch
 
@@ -65,6 +68,22 @@ class KernelCounter:
 
 
 COUNTER = KernelCounter()
+
+# The torch.profiler scope of every kernel call: ``qtrain::<primitive>[<backend>]``.
+SCOPE_PREFIX = "qtrain::"
+
+
+def scope_name(primitive: str, backend: str) -> str:
+    """The ``record_function`` name of a ``primitive`` call served by ``backend``."""
+    return f"{SCOPE_PREFIX}{primitive}[{backend}]"
+
+
+@contextlib.contextmanager
+def call(primitive: str, backend: str) -> Iterator[None]:
+    """Count one call of ``primitive`` on ``backend`` and mark its span for torch.profiler."""
+    COUNTER.record(primitive, backend)
+    with torch.profiler.record_function(scope_name(primitive, backend)):
+        yield
 
 
 def snapshot() -> dict[str, dict[str, int]]:

@@ -91,12 +91,12 @@ def int8_gemm(
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
     scale = combined_scale(scale_a, scale_b)
     chosen = dispatch.resolve("gemm", qa, backend, kernels=GEMM_KERNELS)
-    if chosen == "ext-cpu":
-        from qtrain import backends
+    with dispatch.call("gemm", chosen):
+        if chosen == "ext-cpu":
+            from qtrain import backends
 
-        out = backends.ext_cpu().int8_gemm(qa, qb, scale, layout, bias)
-    else:
-        out = reference_int8_gemm(qa, qb, scale, layout, bias)
-    dispatch.COUNTER.record("gemm", chosen)
+            out = backends.ext_cpu().int8_gemm(qa, qb, scale, layout, bias)
+        else:
+            out = reference_int8_gemm(qa, qb, scale, layout, bias)
     assert out.shape == (m, n)
     return out

@@ -36,19 +36,19 @@ def quantize(
     seed = normalize_seed(seed)
     check_counter_range(xf.numel(), offset)
     chosen = dispatch.resolve("quantize", xf, backend, kernels=QUANTIZE_KERNELS)
-    if chosen == "ext-cpu":
-        q, scale = backends.ext_cpu().quantize_symmetric(
-            xf, bits, rounding == "stochastic", seed, int(offset)
-        )
-    else:
-        q, scale = ref.quantize_symmetric(xf, bits, rounding, seed, offset)
-    dispatch.COUNTER.record("quantize", chosen)
+    with dispatch.call("quantize", chosen):
+        if chosen == "ext-cpu":
+            q, scale = backends.ext_cpu().quantize_symmetric(
+                xf, bits, rounding == "stochastic", seed, int(offset)
+            )
+        else:
+            q, scale = ref.quantize_symmetric(xf, bits, rounding, seed, offset)
     return q, scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float, backend: str = "auto") -> torch.Tensor:
     """float32 ``q * scale``; one multiply, so the reference is the only implementation."""
     chosen = dispatch.resolve("dequantize", q, backend, kernels=())
-    out = ref.dequantize(q, scale)
-    dispatch.COUNTER.record("dequantize", chosen)
+    with dispatch.call("dequantize", chosen):
+        out = ref.dequantize(q, scale)
     return out

@@ -142,13 +142,13 @@ def qspmm(
     if weight is not None:
         _heads_weight(weight, q.shape[1] if q.dim() == 3 else 1, indices.numel())
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
-    if chosen == "ext-cpu":
-        from qtrain import backends
+    with dispatch.call("spmm", chosen):
+        if chosen == "ext-cpu":
+            from qtrain import backends
 
-        out = backends.ext_cpu().qspmm(indptr, indices, q, float(scale), weight, eids)
-    else:
-        out = reference_qspmm(indptr, indices, q, scale, weight, eids)
-    dispatch.COUNTER.record("spmm", chosen)
+            out = backends.ext_cpu().qspmm(indptr, indices, q, float(scale), weight, eids)
+        else:
+            out = reference_qspmm(indptr, indices, q, scale, weight, eids)
     return out
 
 
@@ -215,13 +215,13 @@ def qsddmm(
             f"lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
         )
     chosen = dispatch.resolve("sddmm", q_lhs, backend, kernels=SDDMM_KERNELS)
-    if chosen == "ext-cpu":
-        from qtrain import backends
+    with dispatch.call("sddmm", chosen):
+        if chosen == "ext-cpu":
+            from qtrain import backends
 
-        out = backends.ext_cpu().qsddmm(
-            op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
-        )
-    else:
-        out = reference_qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index)
-    dispatch.COUNTER.record("sddmm", chosen)
+            out = backends.ext_cpu().qsddmm(
+                op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
+            )
+        else:
+            out = reference_qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index)
     return out
