@@ -23,7 +23,7 @@ from rich.table import Table
 
 from qtrain import __version__
 from qtrain.config import OptionInfo
-from qtrain.errors import QtrainError
+from qtrain.errors import QtrainError, RunFailed
 
 app = typer.Typer(
     help="Quantized GNN training for DGL, driven by a TOML recipe.",
@@ -59,6 +59,8 @@ def guarded(action: Callable[[], T], debug: bool = False) -> T:
         return action()
     except QtrainError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    except RunFailed as exc:
+        _fail(str(exc), EXIT_FAILED)
     except KeyboardInterrupt as exc:
         where = getattr(exc, "run_dir", None)
         err.print(

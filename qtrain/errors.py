@@ -1,4 +1,4 @@
-"""Errors that the CLI turns into one line on stderr and exit status 2.
+"""Errors that the CLI turns into one line on stderr (exit status 2, or 1 for ``RunFailed``).
 
 Anything raised as a ``QtrainError`` is the user's input being wrong (or the
 environment missing something the user must provide). It must say what is
@@ -24,6 +24,10 @@ class DatasetError(QtrainError):
 
 class PluginError(QtrainError):
     """A plugin is unknown or cannot be activated as configured."""
+
+
+class RunFailed(Exception):
+    """The run started but could not finish (a worker died): one line, exit status 1."""
 
 
 def one_of(allowed: Iterable[object]) -> str:

@@ -67,17 +67,38 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    """Multi-worker full-graph training (the adaqp plugin builds on it)."""
+    """Multi-worker full-graph training on torch.distributed (adaqp-mlsys23)."""
 
-    world_size: int = option(1, "number of workers", min=1)
+    world_size: int = option(
+        1, "workers; > 1 starts them on this machine (or run the recipe under torchrun)", min=1
+    )
     backend: Literal["gloo", "nccl"] = option("gloo", "torch.distributed backend")
     partition: Literal["metis", "random"] = option("metis", "how the graph is split across workers")
+    message_bits: Literal[32, 8, 4, 2, "adaptive"] = option(
+        32, 'bits per value of the halo messages: 32 (unquantized), 8, 4, 2 or "adaptive"'
+    )
+    lambda_: float = option(
+        0.5,
+        "adaptive: weight of the variance objective against time (eq. 12)",
+        min=0.0,
+        max=1.0,
+        key="lambda",
+    )
+    reassign_period: int = option(100, "adaptive: epochs between bit-width assignments", min=1)
+    group_size: int = option(100, "adaptive: messages that share one bit width", min=1)
+    overlap: bool = option(
+        False, "compute the central nodes while the marginal nodes' messages are in flight"
+    )
+    timeout_s: float = option(
+        60.0, "seconds a worker waits for its peers before the run fails", min=1.0
+    )
 
     def validate(self) -> None:
-        if self.world_size != 1:
-            raise ValueError(
-                f"world_size = {self.world_size}: this release trains in one process; use 1"
-            )
+        if self.backend == "nccl" and self.world_size > 1:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("backend = 'nccl' needs CUDA devices; use 'gloo' on CPUs")
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,12 @@ def test_minimal_recipe_fills_defaults() -> None:
             r"quant\.trace\.log = 'yes' must be true or false",
         ),
         (
-            {**MINIMAL, "distributed": {"world_size": 4}},
-            r"world_size = 4: this release trains in one process",
+            {**MINIMAL, "distributed": {"message_bits": 3}},
+            r"distributed\.message_bits = 3 is not allowed; use one of 32, 8, 4, 2, 'adaptive'",
+        ),
+        (
+            {**MINIMAL, "distributed": {"lambda": 1.5}},
+            r"distributed\.lambda = 1\.5 is too large; allowed: 0\.0 to 1\.0",
         ),
         (
             {**MINIMAL, "distributed": {"backend": "mpi"}},

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -134,8 +134,17 @@ def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]
 
 
 def execute(recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run ``recipe`` to the end and return its summary (also in ``<run_dir>/summary.json``)."""
+    """Run ``recipe`` to the end and return its summary (also in ``<run_dir>/summary.json``).
+
+    With ``[distributed] world_size > 1`` this process either starts the workers
+    on this machine and waits for them, or, started as one (``RANK`` and
+    ``WORLD_SIZE`` set, as torchrun sets them), is that worker.
+    """
     reporter = reporter if reporter is not None else make_reporter()
+    if recipe.distributed.world_size > 1:
+        from qtrain.dist.launch import in_worker, launch, run_worker
+
+        return run_worker(recipe, reporter) if in_worker() else launch(recipe)
     with prepared(recipe) as (dataset, graph, model, device):
         return _run(recipe, dataset, graph, model, device, reporter)
 
@@ -156,6 +165,9 @@ def calibrate_recipe(recipe: Recipe, target: float | None = None) -> Calibration
         )
 
 
+TrainerFactory = Callable[..., Trainer]
+
+
 def _run(
     recipe: Recipe,
     dataset: Any,
@@ -163,8 +175,16 @@ def _run(
     model: GNNModel,
     device: torch.device,
     reporter: Reporter,
+    *,
+    run: RunDir | None = None,
+    make_trainer: TrainerFactory = Trainer,
 ) -> dict[str, Any]:
-    run = RunDir(create_run_dir(recipe.output.dir, recipe.name))
+    """Train with the recipe's plugins active, writing ``run`` (a new run directory by default).
+
+    ``make_trainer(model, graph, metric=, config=, device=, run=, reporter=)``
+    builds the trainer (a distributed worker passes its own).
+    """
+    run = run if run is not None else RunDir(create_run_dir(recipe.output.dir, recipe.name))
     run.write_recipe(resolve_toml(recipe))  # first: a run directory always says what it ran
     summary: dict[str, Any] = {
         "status": "running",
@@ -201,7 +221,7 @@ def _run(
         session = activated(recipe.quant, context)
         with session:
             summary["plugins"] = list(session.names)
-            trainer = Trainer(
+            trainer = make_trainer(
                 model,
                 graph,
                 metric=dataset.metric,
@@ -243,6 +263,12 @@ def _run(
         )
         summary["process_peak_memory_bytes"], _ = peak_memory(device)
         summary["kernels"] = dispatch.snapshot()
+        report = getattr(trainer, "report", None)
+        if callable(report):
+            try:
+                summary["distributed"] = report()
+            except Exception as exc:  # a report must not hide the run's own outcome
+                summary["distributed"] = {"error": f"{type(exc).__name__}: {exc}"}
         summary["kernel_fallbacks"] = dispatch.fallbacks()
         if session is not None:
             try:

@@ -1,0 +1,1 @@
+"""Multi-process full-graph training on torch.distributed (the adaqp plugin)."""

@@ -1,0 +1,221 @@
+"""Halo exchange: each worker's boundary rows, quantized per node, over torch.distributed.
+
+Before every GNN layer after the first, worker ``r`` sends to each peer ``p``
+the rows of its nodes that ``p`` reads (``Partition.send_index[p]``) and
+receives its halo rows; in backward the halo rows' gradients travel back to
+their owners and are added to theirs. One ``all_to_all_single`` over bytes
+per exchange: split sizes may differ per peer (gloo's list form ``all_to_all``
+refuses uneven sizes), and both sides know every size in advance from the
+row counts, the width and the bit plan, so nothing but the payload is sent.
+
+A message to one peer is the concatenation of one segment per bit width
+(adaqp-mlsys23 section 3.3): the rows that travel at ``b`` bits, in plan
+order, quantized per row by ``qtrain.ops.compress.quantize_rows`` (zero point
+= the row's minimum and range rounded outwards to bfloat16, stochastic
+rounding, values bit-packed) followed by their bfloat16 zero points and
+ranges; at 32 bits the float32 rows themselves. The bytes counted
+(``bytes_sent``) are the buffers' sizes, excluding a worker's own share.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from qtrain.dist.partition import Partition
+from qtrain.ops import compress
+from qtrain.quant.rng import normalize_seed
+
+MESSAGE_BITS = (2, 4, 8, 32)
+
+
+def message_bytes(rows: int, dim: int, bits: int) -> int:
+    """Bytes a segment of ``rows`` rows of ``dim`` values takes at ``bits`` bits."""
+    if rows == 0:
+        return 0
+    if bits == 32:
+        return rows * dim * 4
+    return (rows * dim * bits + 7) // 8 + rows * 4  # packed values, bf16 zero + range
+
+
+def encode(rows: torch.Tensor, bits: int, seed: int, offset: int) -> torch.Tensor:
+    """One segment as uint8 bytes (see the module docstring)."""
+    rows = rows.detach().to(torch.float32).contiguous()
+    if rows.shape[0] == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if bits == 32:
+        return rows.reshape(-1).view(torch.uint8)
+    packed, zero, rng = compress.quantize_rows(rows, bits, "stochastic", seed, offset)
+    return torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)])
+
+
+def decode(buf: torch.Tensor, rows: int, dim: int, bits: int) -> torch.Tensor:
+    """float32 ``[rows, dim]`` back from :func:`encode`'s bytes."""
+    if rows == 0:
+        return torch.empty(0, dim, dtype=torch.float32)
+    # segments start at any byte of the received buffer: copy before viewing wider types
+    if bits == 32:
+        return buf.clone().view(torch.float32).reshape(rows, dim)
+    n_packed = (rows * dim * bits + 7) // 8
+    zero = buf[n_packed : n_packed + 2 * rows].clone().view(torch.bfloat16)
+    rng = buf[n_packed + 2 * rows : n_packed + 4 * rows].clone().view(torch.bfloat16)
+    return compress.dequantize_rows(buf[:n_packed], zero, rng, bits, dim)
+
+
+@dataclass
+class BitPlan:
+    """Bits per message row, per peer, for one layer and direction (sender's row order)."""
+
+    per_peer: list[torch.Tensor]  # int64 bits of each row sent to (or received from) the peer
+
+    @staticmethod
+    def uniform(counts: list[int], bits: int) -> BitPlan:
+        return BitPlan([torch.full((n,), bits, dtype=torch.int64) for n in counts])
+
+    def segments(self, peer: int) -> list[tuple[int, torch.Tensor]]:
+        """``(bits, row positions)`` of each non-empty segment of the message to ``peer``."""
+        bits = self.per_peer[peer]
+        return [
+            (b, torch.nonzero(bits == b, as_tuple=False).squeeze(1))
+            for b in MESSAGE_BITS
+            if bool((bits == b).any())
+        ]
+
+
+@dataclass
+class ExchangeStats:
+    """What the exchanges of one worker cost, since the last reset."""
+
+    bytes_sent: int = 0
+    comm_seconds: float = 0.0
+    quant_seconds: float = 0.0
+    exchanges: int = 0
+    bits_histogram: dict[str, dict[int, int]] = field(default_factory=dict)  # layer -> bits -> rows
+
+    def reset(self) -> None:
+        self.bytes_sent, self.comm_seconds, self.quant_seconds, self.exchanges = 0, 0.0, 0.0, 0
+        self.bits_histogram = {}
+
+
+class Messenger:
+    """One worker's halo exchanges; the bit plans come from ``plan(layer, direction)``."""
+
+    def __init__(
+        self,
+        part: Partition,
+        plan: Callable[[int, str], tuple[BitPlan, BitPlan]],
+        seed: int = 0,
+        group: Any = None,
+    ) -> None:
+        self.part = part
+        self.plan = plan  # -> (plan of what this worker sends, plan of what it receives)
+        self.group = group
+        self.seed = normalize_seed(seed * 1_000_003 + part.rank)
+        self._offset = 0
+        self.stats = ExchangeStats()
+
+    def _exchange(
+        self,
+        outgoing: list[torch.Tensor],
+        incoming_counts: list[int],
+        dim: int,
+        send_plan: BitPlan,
+        recv_plan: BitPlan,
+        layer: str,
+    ) -> list[torch.Tensor]:
+        rank, world = self.part.rank, self.part.world_size
+        start = time.perf_counter()
+        chunks, send_sizes = [], []
+        for p in range(world):
+            pieces = []
+            for bits, where in send_plan.segments(p) if p != rank else []:
+                rows = outgoing[p][where]
+                pieces.append(encode(rows, bits, self.seed, self._offset))
+                self._offset += rows.numel()
+                hist = self.stats.bits_histogram.setdefault(layer, {})
+                hist[bits] = hist.get(bits, 0) + int(where.numel())
+            message = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
+            chunks.append(message)
+            send_sizes.append(int(message.numel()))
+        recv_sizes = [
+            sum(message_bytes(int(w.numel()), dim, b) for b, w in recv_plan.segments(p))
+            if p != rank
+            else 0
+            for p in range(world)
+        ]
+        quantized = time.perf_counter()
+        received = torch.empty(sum(recv_sizes), dtype=torch.uint8)
+        dist.all_to_all_single(
+            received, torch.cat(chunks), recv_sizes, send_sizes, group=self.group
+        )
+        sent = time.perf_counter()
+        out, at = [], 0
+        for p in range(world):
+            rows = torch.empty(incoming_counts[p], dim, dtype=torch.float32)
+            for bits, where in recv_plan.segments(p) if p != rank else []:
+                size = message_bytes(int(where.numel()), dim, bits)
+                rows[where] = decode(received[at : at + size], int(where.numel()), dim, bits)
+                at += size
+            out.append(rows)
+        done = time.perf_counter()
+        self.stats.bytes_sent += sum(send_sizes)
+        self.stats.comm_seconds += sent - quantized
+        self.stats.quant_seconds += (quantized - start) + (done - sent)
+        self.stats.exchanges += 1
+        return out
+
+    def fetch_halo(self, x_owned: torch.Tensor, layer: int) -> torch.Tensor:
+        """The halo rows of ``x_owned``'s layer input, from their owners."""
+        part = self.part
+        dim = x_owned[0].numel() if x_owned.shape[0] else int(x_owned.shape[1:].numel())
+        flat = x_owned.reshape(x_owned.shape[0], -1)
+        send_plan, recv_plan = self.plan(layer, "forward")
+        outgoing = [flat[idx] for idx in part.send_index]
+        got = self._exchange(
+            outgoing, part.recv_counts, dim, send_plan, recv_plan, f"layer{layer}.forward"
+        )
+        halo = torch.cat(got) if got else flat.new_empty(0, dim)
+        return halo.reshape(halo.shape[0], *x_owned.shape[1:]).to(x_owned.dtype)
+
+    def return_grads(self, grad_halo: torch.Tensor, layer: int, owned_shape: torch.Size) -> torch.Tensor:
+        """The gradient of the owned rows from the halo rows' gradients on every peer."""
+        part = self.part
+        dim = int(torch.Size(owned_shape[1:]).numel())
+        flat = grad_halo.reshape(grad_halo.shape[0], dim)
+        bounds = [0]
+        for n in part.recv_counts:
+            bounds.append(bounds[-1] + n)
+        outgoing = [flat[bounds[p] : bounds[p + 1]] for p in range(part.world_size)]
+        # backward reverses the roles: what was received is sent back
+        recv_plan, send_plan = self.plan(layer, "backward")
+        got = self._exchange(
+            outgoing, part.send_counts, dim, send_plan, recv_plan, f"layer{layer}.backward"
+        )
+        grad = torch.zeros(owned_shape[0], dim, dtype=torch.float32)
+        for p, rows in enumerate(got):
+            if rows.shape[0]:
+                grad.index_add_(0, part.send_index[p], rows)
+        return grad.reshape(owned_shape).to(grad_halo.dtype)
+
+
+class HaloExchange(torch.autograd.Function):
+    """``halo = fetch(x_owned)`` forward; owners get the halo rows' gradients backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x_owned: torch.Tensor, messenger: Messenger, layer: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.messenger, ctx.layer, ctx.shape = messenger, layer, x_owned.shape
+        return messenger.fetch_halo(x_owned.detach(), layer)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return ctx.messenger.return_grads(grad.contiguous(), ctx.layer, ctx.shape), None, None
+
+
+def with_halo(x_owned: torch.Tensor, messenger: Messenger, layer: int) -> torch.Tensor:
+    """``x_owned`` followed by its halo rows: a block's source rows for ``layer``."""
+    return torch.cat([x_owned, HaloExchange.apply(x_owned, messenger, layer)])

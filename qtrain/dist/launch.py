@@ -1,0 +1,279 @@
+"""Starting the workers of a distributed run, and being one.
+
+``qtrain run`` with ``[distributed] world_size > 1`` starts ``world_size``
+copies of itself on this machine (``python -m qtrain run <resolved recipe>``
+with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, as
+torchrun sets them), waits, and returns rank 0's summary. A process started
+with those variables (by this launcher or by ``torchrun`` across machines) is
+a worker: it joins the process group, partitions the graph like every other
+worker, and trains its part; rank 0 writes the run directory.
+
+If a worker exits with an error or is killed, the launcher stops the others
+(SIGTERM, then SIGKILL after a grace period) and fails with one line naming
+the rank and quoting that worker's own error; workers die with the launcher
+(Linux parent-death signal), so none is left behind; a worker whose peer
+vanished fails on its own after ``timeout_s``. Rank 0's progress goes to
+standard error (its error line, if any, only into the launcher's message);
+every worker's output also goes to ``worker-<rank>.log`` in the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from qtrain.errors import QtrainError, RecipeError, RunFailed
+from qtrain.recipe import Recipe, resolve_toml
+from qtrain.train.progress import Reporter
+from qtrain.train.rundir import RunDir, create_run_dir
+
+ENV_RUN_DIR = "QTRAIN_RUN_DIR"  # the launcher's run directory, for rank 0
+GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
+ERROR_PREFIX = "qtrain: error: "
+EXIT_BAD_INPUT = 2  # a worker refused its input (the CLI's status for QtrainError)
+
+
+def in_worker() -> bool:
+    """Whether this process was started as a worker (torchrun's variables are set)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+class DiscardRunDir(RunDir):
+    """A worker other than rank 0: the run directory is rank 0's to write."""
+
+    def write_recipe(self, text: str) -> None:
+        pass
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        pass
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        pass
+
+    def write_checkpoint(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every worker still running, then SIGKILL what outlives the grace period."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _forward(stream: Any, log: Any) -> None:
+    """Rank 0's stderr: progress to ours, everything to its log, its error line only there."""
+    for raw in iter(stream.readline, b""):
+        log.write(raw)
+        log.flush()
+        if not raw.startswith(ERROR_PREFIX.encode()):
+            sys.stderr.buffer.write(raw)
+            sys.stderr.flush()
+
+
+def _error_line(log: Path) -> str | None:
+    """The last ``qtrain: error:`` line a worker wrote, without the prefix."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line[len(ERROR_PREFIX) :] for line in lines if line.startswith(ERROR_PREFIX)]
+    return found[-1] if found else None
+
+
+def check_launchable(recipe: Recipe) -> None:
+    """Refuse, before any worker starts, what every worker would refuse."""
+    from qtrain.models import MODELS
+
+    cfg = recipe.distributed
+    if cfg.message_bits == "adaptive":
+        raise RecipeError(
+            'distributed.message_bits = "adaptive" is not available yet; use 32, 8, 4 or 2'
+        )
+    if cfg.overlap:
+        raise RecipeError("distributed.overlap = true is not available yet; use false")
+    if recipe.train.mode != "full":
+        raise RecipeError(
+            f"train.mode = {recipe.train.mode!r}: distributed training is full-graph; use 'full'"
+        )
+    entry = MODELS.get(recipe.model.name)
+    if not getattr(entry.factory, "supports_minibatch", True):
+        raise RecipeError(
+            f"model {recipe.model.name!r} does not run on blocks, so it cannot train "
+            "distributed; use gcn, sage or gat"
+        )
+
+
+def launch(recipe: Recipe) -> dict[str, Any]:
+    """Start ``world_size`` workers here, wait for them, and return rank 0's summary."""
+    import json
+
+    check_launchable(recipe)
+    world = recipe.distributed.world_size
+    path = create_run_dir(recipe.output.dir, recipe.name)
+    run = RunDir(path)
+    run.write_recipe(resolve_toml(recipe))
+    threads = recipe.train.threads or max(1, (os.cpu_count() or 1) // world)
+    base = {
+        **os.environ,
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "OMP_NUM_THREADS": str(threads),
+        ENV_RUN_DIR: str(path),
+    }
+    logs = [open(path / f"worker-{rank}.log", "wb") for rank in range(world)]  # noqa: SIM115
+    procs: list[subprocess.Popen[bytes]] = []
+    forwarder: threading.Thread | None = None
+    try:
+        for rank in range(world):
+            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "qtrain", "run", str(path / "recipe.toml")],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE if rank == 0 else logs[rank],
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads yet in the child)
+                )
+            )
+            if rank == 0:
+                forwarder = threading.Thread(
+                    target=_forward, args=(procs[0].stderr, logs[0]), daemon=True
+                )
+                forwarder.start()
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0]
+                _stop(procs)
+                if forwarder is not None:
+                    forwarder.join(timeout=GRACE_S)
+                for log in logs:
+                    log.flush()
+                said = _error_line(path / f"worker-{rank}.log")
+                message = (
+                    f"worker rank {rank} {_how(code)}"
+                    + (f": {said}" if said else f" (see {path / f'worker-{rank}.log'})")
+                    + f"; the other workers were stopped and {path} keeps what rank 0 wrote"
+                )
+                raise (QtrainError if code == EXIT_BAD_INPUT else RunFailed)(message)
+            if all(c == 0 for c in codes):
+                break
+            time.sleep(0.2)
+    except BaseException:
+        _stop(procs)
+        raise
+    finally:
+        if forwarder is not None:
+            forwarder.join(timeout=GRACE_S)
+        for log in logs:
+            log.close()
+    summary_file = path / "summary.json"
+    if not summary_file.exists():
+        raise RunFailed(f"the workers finished but rank 0 wrote no summary in {path}")
+    return json.loads(summary_file.read_text())
+
+
+def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
+    """Train ``recipe`` as the worker that ``RANK`` / ``WORLD_SIZE`` name."""
+    from qtrain.dist.exchange import BitPlan, Messenger
+    from qtrain.dist.partition import assign_parts, build_partition
+    from qtrain.dist.trainer import DistTrainer
+    from qtrain.train.runner import _run, prepared
+
+    cfg = recipe.distributed
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != cfg.world_size:
+        raise RecipeError(
+            f"distributed.world_size = {cfg.world_size}, but WORLD_SIZE = {world} workers started"
+        )
+    check_launchable(recipe)
+    if not recipe.train.threads and "LOCAL_WORLD_SIZE" in os.environ:
+        local = max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+    dist.init_process_group(
+        cfg.backend,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+    )
+    try:
+        with prepared(recipe) as (dataset, graph, model, device):
+            parts = torch.empty(graph.num_nodes(), dtype=torch.int64)
+            if rank == 0:
+                parts = assign_parts(graph, world, cfg.partition, recipe.train.seed)
+            dist.broadcast(parts, 0)
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, 0)
+            path = [os.environ.get(ENV_RUN_DIR) or None]
+            if rank == 0 and path[0] is None:
+                path[0] = str(create_run_dir(recipe.output.dir, recipe.name))
+            dist.broadcast_object_list(path, 0)
+            run = RunDir(Path(path[0])) if rank == 0 else DiscardRunDir(Path(path[0]))
+            part = build_partition(graph, parts, rank, world)
+            bits = int(cfg.message_bits)
+            forward = (
+                BitPlan.uniform(part.send_counts, bits),
+                BitPlan.uniform(part.recv_counts, bits),
+            )
+            messenger = Messenger(part, lambda _layer, _direction: forward, recipe.train.seed)
+
+            def make_trainer(model: Any, graph: Any, **kwargs: Any) -> DistTrainer:
+                return DistTrainer(model, graph, part, messenger, **kwargs)
+
+            return _run(
+                recipe,
+                dataset,
+                graph,
+                model,
+                device,
+                reporter if rank == 0 else Reporter(),
+                run=run,
+                make_trainer=make_trainer,
+            )
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,235 @@
+"""Distributed full-graph training: partitions and plans, messages, and runs of 2-3 workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ext_or_skip
+
+from qtrain._compat import import_dgl
+from qtrain.dist.exchange import BitPlan, decode, encode, message_bytes
+from qtrain.dist.partition import assign_parts, build_partition
+
+RECIPE = """
+[model]
+name = "gcn"
+hidden = 16
+dropout = 0.0
+
+[dataset]
+name = "synthetic-small"
+
+[train]
+epochs = 4
+eval_every = 2
+
+[output]
+dir = "{out}"
+"""
+
+
+def _graph(n: int = 60, e: int = 300, seed: int = 0) -> object:
+    dgl = import_dgl()
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (e,), generator=g)
+    dst = torch.randint(0, n, (e,), generator=g)
+    return dgl.add_self_loop(dgl.graph((src, dst), num_nodes=n))
+
+
+# ------------------------------------------------------------------ partitions
+
+
+@pytest.mark.parametrize("method", ["random", "metis"])
+def test_partitions_cover_the_graph_and_plans_agree(method: str) -> None:
+    dgl = import_dgl()
+    graph = _graph()
+    world = 3
+    parts = assign_parts(graph, world, method, seed=1)
+    assert parts.shape == (graph.num_nodes(),) and set(parts.tolist()) <= set(range(world))
+    plans = [build_partition(graph, parts, r, world) for r in range(world)]
+    assert sorted(torch.cat([p.owned for p in plans]).tolist()) == list(range(graph.num_nodes()))
+    src, dst = graph.edges()
+    for r, part in enumerate(plans):
+        # every in-edge of an owned node is in the block, with global ids on both sides
+        block = part.block
+        assert block.num_dst_nodes() == part.num_owned
+        assert block.num_edges() == int((parts[dst] == r).sum())
+        bs, bd = block.edges()
+        ids = (block.srcdata[dgl.NID][bs].tolist(), block.dstdata[dgl.NID][bd].tolist())
+        got = set(zip(*ids, strict=True))
+        want = {(u, v) for u, v in zip(src.tolist(), dst.tolist(), strict=True) if parts[v] == r}
+        assert got == want
+        assert bool((parts[part.halo] != r).all())
+        # what r sends p is what p receives from r, in the same order
+        for p in range(world):
+            sent = part.owned[part.send_index[p]]
+            start = sum(plans[p].recv_counts[:r])
+            received = plans[p].halo[start : start + plans[p].recv_counts[r]]
+            assert torch.equal(sent, received), (r, p)
+
+
+def test_one_worker_owns_everything_and_bad_partitioner_is_named() -> None:
+    graph = _graph()
+    parts = assign_parts(graph, 1, "metis")
+    part = build_partition(graph, parts, 0, 1)
+    assert part.num_owned == graph.num_nodes() and part.halo.numel() == 0
+    with pytest.raises(ValueError, match="partition must be one of metis, random"):
+        assign_parts(graph, 2, "spectral")
+
+
+# ------------------------------------------------------------------ messages
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8, 32])
+@pytest.mark.parametrize("shape", [(7, 5), (1, 1), (0, 3), (33, 17)])
+def test_messages_round_trip_within_one_level(bits: int, shape: tuple[int, int]) -> None:
+    if bits != 32:
+        ext_or_skip()  # the reference quantizer is slow but exact; ext keeps this test quick
+    x = torch.randn(*shape)
+    if shape[0] > 2:
+        x[1] = 0.0  # a zero row
+        x[2] = 3.0  # a constant row
+    buf = encode(x, bits, seed=1, offset=0)
+    assert buf.dtype == torch.uint8 and buf.numel() == message_bytes(*shape, bits)
+    # segments land at any byte offset of the receive buffer
+    shifted = torch.cat([torch.zeros(3, dtype=torch.uint8), buf])[3:]
+    y = decode(shifted, *shape, bits)
+    assert y.shape == x.shape
+    if bits == 32:
+        assert torch.equal(y, x)
+    elif shape[0]:
+        # one level of the row's range, widened by the bfloat16 rounding of zero and range
+        span = x.amax(1) - x.amin(1) + 2**-6 * x.abs().amax(1)
+        step = span / (2**bits - 1)
+        assert bool(((y - x).abs() <= step[:, None] + 1e-6).all())
+        if shape[0] > 2:
+            assert torch.equal(y[1], x[1]) and torch.equal(y[2], x[2])
+
+
+def test_bit_plan_groups_rows_by_width() -> None:
+    plan = BitPlan([torch.tensor([8, 2, 8, 32]), torch.empty(0, dtype=torch.int64)])
+    segments = plan.segments(0)
+    assert [b for b, _ in segments] == [2, 8, 32]
+    assert [w.tolist() for _, w in segments] == [[1], [0, 2], [3]]
+    assert plan.segments(1) == []
+    assert [t.tolist() for t in BitPlan.uniform([2, 0], 4).per_peer] == [[4, 4], []]
+
+
+# ------------------------------------------------------------------ runs
+
+
+@pytest.fixture
+def recipe(tmp_path: Path) -> Path:
+    path = tmp_path / "gcn.toml"
+    path.write_text(RECIPE.format(out=tmp_path / "runs"))
+    return path
+
+
+def _qtrain(recipe: Path, *sets: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    args = [x for s in sets for x in ("--set", s)]
+    env = {**os.environ, "QTRAIN_DATA_DIR": str(recipe.parent / "data")}
+    return subprocess.run(
+        [sys.executable, "-m", "qtrain", "run", str(recipe), "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def _summary(done: subprocess.CompletedProcess[str]) -> dict:
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_two_workers_unquantized_equal_one_process_and_quantized_send_less(recipe: Path) -> None:
+    single = _summary(_qtrain(recipe))
+    two = _summary(_qtrain(recipe, "distributed.world_size=2"))
+    # the same computation: only the float summation order of the aggregation may differ
+    assert two["final_loss"] == pytest.approx(single["final_loss"], rel=1e-5)
+    assert two["test_acc"] == pytest.approx(single["test_acc"], abs=1e-6)
+    info = two["distributed"]
+    assert info["world_size"] == 2 and info["halo_nodes"] > 0
+    assert info["comm_bytes_per_epoch"] > 0
+    assert set(info["time_per_epoch_s"]) >= {"communication", "quantization", "computation"}
+    assert info["bits_histogram"] == {
+        "layer1.forward": {"32": info["bits_histogram"]["layer1.forward"]["32"]},
+        "layer1.backward": {"32": info["bits_histogram"]["layer1.backward"]["32"]},
+    }
+    run_dir = Path(two["run_dir"])
+    assert (run_dir / "summary.json").exists() and (run_dir / "metrics.jsonl").exists()
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
+    ext_or_skip()
+    low = _summary(_qtrain(recipe, "distributed.world_size=2", "distributed.message_bits=2"))
+    assert low["distributed"]["comm_bytes_per_epoch"] <= info["comm_bytes_per_epoch"] / 5
+    assert low["final_loss"] == pytest.approx(single["final_loss"], rel=0.05)
+
+
+def test_refused_before_any_worker_starts(recipe: Path) -> None:
+    done = _qtrain(recipe, "distributed.world_size=2", 'model.name="gcnii"')
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == (
+        "qtrain: error: model 'gcnii' does not run on blocks, so it cannot train distributed; "
+        "use gcn, sage or gat"
+    )
+    done = _qtrain(recipe, "distributed.world_size=2", 'distributed.message_bits="adaptive"')
+    assert done.returncode == 2 and '"adaptive" is not available yet' in done.stderr
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    kids = [int(x) for x in out.stdout.split()]
+    return kids + [k for kid in kids for k in _descendants(kid)]
+
+
+def test_a_killed_worker_ends_the_run_naming_its_rank(recipe: Path) -> None:
+    env = {**os.environ, "QTRAIN_DATA_DIR": str(recipe.parent / "data")}
+    sets = ["--set", "distributed.world_size=3", "--set", "train.epochs=1000000"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "qtrain", "run", str(recipe), *sets],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        runs = recipe.parent / "runs"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # wait until rank 0 has trained an epoch
+            metrics = list(runs.glob("*/metrics.jsonl"))
+            if metrics and metrics[0].read_text().strip():
+                break
+            assert launcher.poll() is None, launcher.communicate()[1]
+            time.sleep(0.2)
+        workers = sorted(_descendants(launcher.pid))
+        assert len(workers) == 3
+        os.kill(workers[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, err = launcher.communicate(timeout=60)
+        assert time.monotonic() - killed_at < 60
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("qtrain: error: worker rank 1 was killed by SIGKILL"), err[-2000:]
+    assert "keeps what rank 0 wrote" in last
+    assert not [w for w in workers if _alive(w)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "State:\tZ" in status.read_text())
