@@ -15,6 +15,7 @@ import torch
 from conftest import ext_or_skip
 
 from qtrain._compat import import_dgl
+from qtrain.dist.adaptive import message_coefficients
 from qtrain.dist.exchange import BitPlan, decode, encode, message_bytes
 from qtrain.dist.partition import assign_parts, build_partition
 
@@ -83,6 +84,39 @@ def test_one_worker_owns_everything_and_bad_partitioner_is_named() -> None:
     assert part.num_owned == graph.num_nodes() and part.halo.numel() == 0
     with pytest.raises(ValueError, match="partition must be one of metis, random"):
         assign_parts(graph, 2, "spectral")
+
+
+@pytest.mark.parametrize("how", ["both", "mean"])
+def test_message_coefficients_sum_the_readers_alphas(how: str) -> None:
+    graph = _graph(n=40, e=200, seed=3)
+    world = 3
+    parts = assign_parts(graph, world, "random", seed=2)
+    plans = [build_partition(graph, parts, r, world) for r in range(world)]
+    src, dst = (t.tolist() for t in graph.edges())
+    d_in = graph.in_degrees().float().clamp(min=1).tolist()
+    d_out = graph.out_degrees().float().clamp(min=1).tolist()
+
+    def alpha2(u: int, v: int) -> float:
+        return 1 / (d_out[u] * d_in[v]) if how == "both" else 1 / d_in[v] ** 2
+
+    for r, part in enumerate(plans):
+        send, recv = message_coefficients(graph, parts, part, how)
+        for p in range(world):
+            for k, got in zip(
+                part.owned[part.send_index[p]].tolist(), send[p].tolist(), strict=True
+            ):
+                want = sum(
+                    alpha2(u, v) for u, v in zip(src, dst, strict=True) if u == k and parts[v] == p
+                )
+                assert got == pytest.approx(want)
+        # the halo rows' coefficients are their owner's forward message's
+        start = 0
+        for p in range(world):
+            halo = part.halo[start : start + part.recv_counts[p]]
+            sent = message_coefficients(graph, parts, plans[p], how)[0][r]
+            assert torch.allclose(recv[p], sent)
+            assert torch.equal(plans[p].owned[plans[p].send_index[r]], halo)
+            start += part.recv_counts[p]
 
 
 # ------------------------------------------------------------------ messages
@@ -173,6 +207,24 @@ def test_two_workers_unquantized_equal_one_process_and_quantized_send_less(recip
     assert low["final_loss"] == pytest.approx(single["final_loss"], rel=0.05)
 
 
+def test_adaptive_bits_are_assigned_by_rank_0_and_reported(recipe: Path) -> None:
+    ext_or_skip()
+    done = _qtrain(
+        recipe,
+        "distributed.world_size=2",
+        'distributed.message_bits="adaptive"',
+        "distributed.reassign_period=2",
+        "distributed.group_size=16",
+        "train.epochs=5",
+    )
+    info = _summary(done)["distributed"]
+    assert info["message_bits"] == "adaptive"
+    assert info["assignments"] == 2  # before epochs 2 and 4
+    assert info["solver_seconds"] > 0
+    widths = {b for layer in info["bits_histogram"].values() for b in layer}
+    assert "8" in widths and widths <= {"2", "4", "8"}
+
+
 def test_refused_before_any_worker_starts(recipe: Path) -> None:
     done = _qtrain(recipe, "distributed.world_size=2", 'model.name="gcnii"')
     assert done.returncode == 2
@@ -181,8 +233,8 @@ def test_refused_before_any_worker_starts(recipe: Path) -> None:
         "qtrain: error: model 'gcnii' does not run on blocks, so it cannot train distributed; "
         "use gcn, sage or gat"
     )
-    done = _qtrain(recipe, "distributed.world_size=2", 'distributed.message_bits="adaptive"')
-    assert done.returncode == 2 and '"adaptive" is not available yet' in done.stderr
+    done = _qtrain(recipe, "distributed.world_size=2", "distributed.overlap=true")
+    assert done.returncode == 2 and "overlap = true is not available yet" in done.stderr
 
 
 def _descendants(pid: int) -> list[int]:

@@ -89,17 +89,18 @@ class BitPlan:
 
 @dataclass
 class ExchangeStats:
-    """What the exchanges of one worker cost, since the last reset."""
+    """What the exchanges of one worker cost, and what they sent."""
 
     bytes_sent: int = 0
     comm_seconds: float = 0.0
     quant_seconds: float = 0.0
     exchanges: int = 0
     bits_histogram: dict[str, dict[int, int]] = field(default_factory=dict)  # layer -> bits -> rows
-
-    def reset(self) -> None:
-        self.bytes_sent, self.comm_seconds, self.quant_seconds, self.exchanges = 0, 0.0, 0.0, 0
-        self.bits_histogram = {}
+    # per peer: (bits sent, seconds of that ring round), for the cost model
+    pair_samples: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    # (exchange, peer) -> range (max - min) of each row last sent there, when tracing
+    ranges: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
+    dims: dict[str, int] = field(default_factory=dict)  # exchange -> values per row
 
 
 class Messenger:
@@ -118,6 +119,7 @@ class Messenger:
         self.seed = normalize_seed(seed * 1_000_003 + part.rank)
         self._offset = 0
         self.stats = ExchangeStats()
+        self.tracing = False  # record row ranges (the adaptive assigner's statistics)
 
     def _exchange(
         self,
@@ -130,40 +132,56 @@ class Messenger:
     ) -> list[torch.Tensor]:
         rank, world = self.part.rank, self.part.world_size
         start = time.perf_counter()
-        chunks, send_sizes = [], []
+        self.stats.dims[layer] = dim
+        chunks: list[torch.Tensor] = []
         for p in range(world):
             pieces = []
+            if self.tracing and p != rank and outgoing[p].shape[0]:
+                rows = outgoing[p]
+                self.stats.ranges[(layer, p)] = (rows.amax(1) - rows.amin(1)).float().cpu()
             for bits, where in send_plan.segments(p) if p != rank else []:
                 rows = outgoing[p][where]
                 pieces.append(encode(rows, bits, self.seed, self._offset))
                 self._offset += rows.numel()
                 hist = self.stats.bits_histogram.setdefault(layer, {})
                 hist[bits] = hist.get(bits, 0) + int(where.numel())
-            message = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
-            chunks.append(message)
-            send_sizes.append(int(message.numel()))
-        recv_sizes = [
-            sum(message_bytes(int(w.numel()), dim, b) for b, w in recv_plan.segments(p))
-            if p != rank
-            else 0
+            chunks.append(torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8))
+        received = [
+            torch.empty(
+                sum(message_bytes(int(w.numel()), dim, b) for b, w in recv_plan.segments(p))
+                if p != rank
+                else 0,
+                dtype=torch.uint8,
+            )
             for p in range(world)
         ]
         quantized = time.perf_counter()
-        received = torch.empty(sum(recv_sizes), dtype=torch.uint8)
-        dist.all_to_all_single(
-            received, torch.cat(chunks), recv_sizes, send_sizes, group=self.group
-        )
+        for i in range(1, world):  # ring rounds
+            to, source = (rank + i) % world, (rank - i) % world
+            round_start = time.perf_counter()
+            requests = []
+            if chunks[to].numel():
+                requests.append(dist.isend(chunks[to], to, group=self.group))
+            if received[source].numel():
+                requests.append(dist.irecv(received[source], source, group=self.group))
+            for request in requests:
+                request.wait()
+            seconds = time.perf_counter() - round_start
+            self.stats.pair_samples.setdefault(to, []).append(
+                (8 * int(chunks[to].numel()), seconds)
+            )
         sent = time.perf_counter()
-        out, at = [], 0
+        out = []
         for p in range(world):
             rows = torch.empty(incoming_counts[p], dim, dtype=torch.float32)
+            at = 0
             for bits, where in recv_plan.segments(p) if p != rank else []:
                 size = message_bytes(int(where.numel()), dim, bits)
-                rows[where] = decode(received[at : at + size], int(where.numel()), dim, bits)
+                rows[where] = decode(received[p][at : at + size], int(where.numel()), dim, bits)
                 at += size
             out.append(rows)
         done = time.perf_counter()
-        self.stats.bytes_sent += sum(send_sizes)
+        self.stats.bytes_sent += sum(int(c.numel()) for c in chunks)
         self.stats.comm_seconds += sent - quantized
         self.stats.quant_seconds += (quantized - start) + (done - sent)
         self.stats.exchanges += 1
@@ -182,7 +200,9 @@ class Messenger:
         halo = torch.cat(got) if got else flat.new_empty(0, dim)
         return halo.reshape(halo.shape[0], *x_owned.shape[1:]).to(x_owned.dtype)
 
-    def return_grads(self, grad_halo: torch.Tensor, layer: int, owned_shape: torch.Size) -> torch.Tensor:
+    def return_grads(
+        self, grad_halo: torch.Tensor, layer: int, owned_shape: torch.Size
+    ) -> torch.Tensor:
         """The gradient of the owned rows from the halo rows' gradients on every peer."""
         part = self.part
         dim = int(torch.Size(owned_shape[1:]).numel())

@@ -127,10 +127,6 @@ def check_launchable(recipe: Recipe) -> None:
     from qtrain.models import MODELS
 
     cfg = recipe.distributed
-    if cfg.message_bits == "adaptive":
-        raise RecipeError(
-            'distributed.message_bits = "adaptive" is not available yet; use 32, 8, 4 or 2'
-        )
     if cfg.overlap:
         raise RecipeError("distributed.overlap = true is not available yet; use false")
     if recipe.train.mode != "full":
@@ -176,7 +172,7 @@ def launch(recipe: Recipe) -> dict[str, Any]:
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE if rank == 0 else logs[rank],
-                    preexec_fn=_die_with_parent,  # noqa: PLW1509 (no threads yet in the child)
+                    preexec_fn=_die_with_parent,  # runs before exec; sets no locks
                 )
             )
             if rank == 0:
@@ -220,6 +216,7 @@ def launch(recipe: Recipe) -> dict[str, Any]:
 
 def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
     """Train ``recipe`` as the worker that ``RANK`` / ``WORLD_SIZE`` name."""
+    from qtrain.dist.adaptive import AdaptiveBits, aggregation, message_coefficients
     from qtrain.dist.exchange import BitPlan, Messenger
     from qtrain.dist.partition import assign_parts, build_partition
     from qtrain.dist.trainer import DistTrainer
@@ -255,15 +252,27 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
             dist.broadcast_object_list(path, 0)
             run = RunDir(Path(path[0])) if rank == 0 else DiscardRunDir(Path(path[0]))
             part = build_partition(graph, parts, rank, world)
-            bits = int(cfg.message_bits)
-            forward = (
-                BitPlan.uniform(part.send_counts, bits),
-                BitPlan.uniform(part.recv_counts, bits),
-            )
-            messenger = Messenger(part, lambda _layer, _direction: forward, recipe.train.seed)
+            adaptive = None
+            if cfg.message_bits == "adaptive":
+                adaptive = AdaptiveBits(
+                    part,
+                    message_coefficients(graph, parts, part, aggregation(recipe.model.name)),
+                    lam=cfg.lambda_,
+                    group_size=cfg.group_size,
+                    period=cfg.reassign_period,
+                )
+                messenger = Messenger(part, adaptive.plan, recipe.train.seed)
+                messenger.tracing = True
+            else:
+                bits = int(cfg.message_bits)
+                uniform = (
+                    BitPlan.uniform(part.send_counts, bits),
+                    BitPlan.uniform(part.recv_counts, bits),
+                )
+                messenger = Messenger(part, lambda _layer, _direction: uniform, recipe.train.seed)
 
             def make_trainer(model: Any, graph: Any, **kwargs: Any) -> DistTrainer:
-                return DistTrainer(model, graph, part, messenger, **kwargs)
+                return DistTrainer(model, graph, part, messenger, adaptive=adaptive, **kwargs)
 
             return _run(
                 recipe,

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
+from qtrain.dist.adaptive import AdaptiveBits
 from qtrain.dist.exchange import Messenger, with_halo
 from qtrain.dist.partition import Partition
 from qtrain.models.base import GNNModel
@@ -49,8 +50,10 @@ class DistTrainer(Trainer):
         device: torch.device,
         run: RunDir | None = None,
         reporter: Reporter | None = None,
+        adaptive: AdaptiveBits | None = None,
     ) -> None:
         self.model, self.config, self.device = model, config, device
+        self.adaptive = adaptive
         self.run_dir, self.reporter = run, reporter or Reporter()
         self.metric_name = metric
         self.loss_fn = loss_function(metric)
@@ -115,6 +118,8 @@ class DistTrainer(Trainer):
         stats = self.messenger.stats
         before = (stats.bytes_sent, stats.comm_seconds, stats.quant_seconds)
         start = time.perf_counter()
+        if self.adaptive is not None and self.adaptive.due(len(self._epochs) + 1):
+            self.adaptive.reassign(stats)  # part of this epoch's time, as the paper counts it
         result = self._train_step()
         self._epochs.append(
             (
@@ -158,6 +163,9 @@ class DistTrainer(Trainer):
                 "note": "slowest worker's mean per training epoch",
             },
             "bits_histogram": merged,
+            "message_bits": "adaptive" if self.adaptive is not None else "uniform",
+            "solver_seconds": self.adaptive.solve_seconds if self.adaptive is not None else 0.0,
+            "assignments": self.adaptive.assignments if self.adaptive is not None else 0,
         }
 
     def _train_step(self) -> tuple[float, float]:
