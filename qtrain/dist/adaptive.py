@@ -1,15 +1,19 @@
 """AdaQP's adaptive bit widths at run time: trace, gather, solve on rank 0, scatter.
 
 Until statistics exist every message travels at 8 bits (adaqp-mlsys23 §3.3).
-The messenger records, for every exchange and peer, the range of each row it
-sent and how long each ring round took. Every ``reassign_period`` epochs
-(from the second epoch on) each worker turns its rows into variance proxies
-(eq. 11's beta: the sum of squared aggregation coefficients of the message's
-readers on the target worker, times the width, times the squared range, over
-6) and sends them with its round timings to rank 0. Rank 0 fits each device
-pair's cost model, solves eq. 12 (``qtrain.dist.assign``) for every
-exchange and ring round, and sends every worker the bits of what it sends and
-receives. The solver's time is part of the epoch it runs in.
+Before training, every pair of workers times ring transfers of a few sizes,
+each round started together after a barrier (:func:`calibrate_links`): the
+round times inside training also hold the wait for a slower peer, which
+says nothing about what a bit costs. The messenger records, for every
+exchange and peer, the range of each row it sent. Every ``reassign_period``
+epochs (from the second epoch on) each worker turns its rows into variance
+proxies (eq. 11's beta: the sum of squared aggregation coefficients of the
+message's readers on the target worker, times the width, times the squared
+range, over 6) and sends them with its calibration to rank 0. Rank 0 fits
+each device pair's cost model (eq. 10's theta and gamma), solves eq. 12
+(``qtrain.dist.assign``) for every exchange and ring round, and sends every
+worker the bits of what it sends and receives. The solver's time is part of
+the epoch it runs in.
 
 Aggregation coefficients come from the model's aggregator: GCN's symmetric
 normalisation ``1 / sqrt(d_out(u) d_in(v))``, and ``1 / d_in(v)`` for the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import time
 from typing import Any
 
 import numpy as np
@@ -39,6 +44,33 @@ from qtrain.dist.partition import Partition
 
 START_BITS = 8
 SOLVER_TIME_LIMIT_S = 10.0  # per problem; the best assignment found by then is used
+CALIBRATION_BYTES = (1 << 16, 1 << 20, 1 << 23)
+CALIBRATION_REPEATS = 3
+
+
+def calibrate_links(world: int, rank: int, group: Any = None) -> dict[int, list[tuple[int, float]]]:
+    """``(bits sent, seconds)`` samples per peer this worker sends to, from timed ring rounds.
+
+    Each round starts after a barrier, so a sample is the transfer, not a
+    wait for a peer still computing. Every worker must call this.
+    """
+    samples: dict[int, list[tuple[int, float]]] = {}
+    for size in CALIBRATION_BYTES:
+        out = torch.zeros(size, dtype=torch.uint8)
+        into = torch.empty(size, dtype=torch.uint8)
+        for i in range(1, world):
+            to, source = (rank + i) % world, (rank - i) % world
+            for _ in range(CALIBRATION_REPEATS):
+                dist.barrier(group=group)
+                start = time.perf_counter()
+                requests = [
+                    dist.isend(out, to, group=group),
+                    dist.irecv(into, source, group=group),
+                ]
+                for request in requests:
+                    request.wait()
+                samples.setdefault(to, []).append((8 * size, time.perf_counter() - start))
+    return samples
 
 
 def aggregation(model_name: str) -> str:
@@ -96,6 +128,7 @@ class AdaptiveBits:
         self.part = part
         self.send_alpha2, self.recv_alpha2 = coefficients
         self.lam, self.group_size, self.period = lam, group_size, period
+        self.links = calibrate_links(part.world_size, part.rank)
         self._plans: dict[tuple[int, str], tuple[BitPlan, BitPlan]] = {}
         self.solve_seconds = 0.0
         self.assignments = 0
@@ -123,9 +156,8 @@ class AdaptiveBits:
             dim = stats.dims[tag]
             beta = variance_proxy(alpha2, dim, torch.zeros_like(alpha2), ranges.double())
             mine[(tag, peer)] = (beta.numpy(), dim)
-        samples = {p: list(v[-64:]) for p, v in stats.pair_samples.items()}
         gathered: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object((mine, samples), gathered, dst=0)
+        dist.gather_object((mine, self.links), gathered, dst=0)
         plans: list[Any] = [None]
         todo = self._solve(gathered) if rank == 0 else None
         dist.scatter_object_list(plans, todo, src=0)
