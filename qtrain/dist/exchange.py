@@ -88,6 +88,19 @@ class BitPlan:
 
 
 @dataclass
+class Pending:
+    """An exchange whose messages are in flight."""
+
+    chunks: list[torch.Tensor]  # kept alive until the sends complete
+    received: list[torch.Tensor]
+    incoming_counts: list[int]
+    dim: int
+    recv_plan: BitPlan
+    requests: list[Any]
+    shape: torch.Size = field(default_factory=torch.Size)
+
+
+@dataclass
 class ExchangeStats:
     """What the exchanges of one worker cost, and what they sent."""
 
@@ -130,6 +143,23 @@ class Messenger:
         recv_plan: BitPlan,
         layer: str,
     ) -> list[torch.Tensor]:
+        return self._complete(
+            self._post(outgoing, incoming_counts, dim, send_plan, recv_plan, layer)
+        )
+
+    def _post(
+        self,
+        outgoing: list[torch.Tensor],
+        incoming_counts: list[int],
+        dim: int,
+        send_plan: BitPlan,
+        recv_plan: BitPlan,
+        layer: str,
+        *,
+        overlap: bool = False,
+    ) -> Pending:
+        """Encode and start sending; with ``overlap`` every ring round is posted at once and
+        :meth:`_complete` waits, so the caller can compute in between."""
         rank, world = self.part.rank, self.part.world_size
         start = time.perf_counter()
         self.stats.dims[layer] = dim
@@ -155,7 +185,9 @@ class Messenger:
             )
             for p in range(world)
         ]
-        quantized = time.perf_counter()
+        pending = Pending(chunks, received, incoming_counts, dim, recv_plan, [])
+        posted = time.perf_counter()
+        self.stats.quant_seconds += posted - start
         for i in range(1, world):  # ring rounds
             to, source = (rank + i) % world, (rank - i) % world
             round_start = time.perf_counter()
@@ -164,28 +196,58 @@ class Messenger:
                 requests.append(dist.isend(chunks[to], to, group=self.group))
             if received[source].numel():
                 requests.append(dist.irecv(received[source], source, group=self.group))
+            if overlap:
+                pending.requests.extend(requests)
+                continue
             for request in requests:
                 request.wait()
             seconds = time.perf_counter() - round_start
             self.stats.pair_samples.setdefault(to, []).append(
                 (8 * int(chunks[to].numel()), seconds)
             )
-        sent = time.perf_counter()
+        self.stats.comm_seconds += time.perf_counter() - posted
+        self.stats.bytes_sent += sum(int(c.numel()) for c in chunks)
+        self.stats.exchanges += 1
+        return pending
+
+    def _complete(self, pending: Pending) -> list[torch.Tensor]:
+        """Wait for what :meth:`_post` started, and decode it per peer."""
+        start = time.perf_counter()
+        for request in pending.requests:
+            request.wait()
+        waited = time.perf_counter()
+        rank = self.part.rank
         out = []
-        for p in range(world):
-            rows = torch.empty(incoming_counts[p], dim, dtype=torch.float32)
+        for p in range(self.part.world_size):
+            rows = torch.empty(pending.incoming_counts[p], pending.dim, dtype=torch.float32)
             at = 0
-            for bits, where in recv_plan.segments(p) if p != rank else []:
-                size = message_bytes(int(where.numel()), dim, bits)
-                rows[where] = decode(received[p][at : at + size], int(where.numel()), dim, bits)
+            for bits, where in pending.recv_plan.segments(p) if p != rank else []:
+                size = message_bytes(int(where.numel()), pending.dim, bits)
+                rows[where] = decode(
+                    pending.received[p][at : at + size], int(where.numel()), pending.dim, bits
+                )
                 at += size
             out.append(rows)
-        done = time.perf_counter()
-        self.stats.bytes_sent += sum(int(c.numel()) for c in chunks)
-        self.stats.comm_seconds += sent - quantized
-        self.stats.quant_seconds += (quantized - start) + (done - sent)
-        self.stats.exchanges += 1
+        self.stats.comm_seconds += waited - start
+        self.stats.quant_seconds += time.perf_counter() - waited
         return out
+
+    def post_halo(self, x_owned: torch.Tensor, layer: int) -> Pending:
+        """Start fetching ``x_owned``'s halo rows (every ring round at once); see :class:`FinishHalo`."""
+        part = self.part
+        flat = x_owned.detach().reshape(x_owned.shape[0], -1)
+        send_plan, recv_plan = self.plan(layer, "forward")
+        pending = self._post(
+            [flat[idx] for idx in part.send_index],
+            part.recv_counts,
+            int(x_owned.shape[1:].numel()),
+            send_plan,
+            recv_plan,
+            f"layer{layer}.forward",
+            overlap=True,
+        )
+        pending.shape = x_owned.shape[1:]
+        return pending
 
     def fetch_halo(self, x_owned: torch.Tensor, layer: int) -> torch.Tensor:
         """The halo rows of ``x_owned``'s layer input, from their owners."""
@@ -234,6 +296,22 @@ class HaloExchange(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         return ctx.messenger.return_grads(grad.contiguous(), ctx.layer, ctx.shape), None, None
+
+
+class FinishHalo(torch.autograd.Function):
+    """The halo rows of a fetch started by ``Messenger.post_halo``; backward as HaloExchange."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x_owned: torch.Tensor, messenger: Messenger, layer: int, pending: Pending
+    ) -> torch.Tensor:  # type: ignore[override]
+        ctx.messenger, ctx.layer, ctx.shape = messenger, layer, x_owned.shape
+        halo = torch.cat(messenger._complete(pending))
+        return halo.reshape(halo.shape[0], *pending.shape).to(x_owned.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return ctx.messenger.return_grads(grad.contiguous(), ctx.layer, ctx.shape), None, None, None
 
 
 def with_halo(x_owned: torch.Tensor, messenger: Messenger, layer: int) -> torch.Tensor:

@@ -126,9 +126,6 @@ def check_launchable(recipe: Recipe) -> None:
     """Refuse, before any worker starts, what every worker would refuse."""
     from qtrain.models import MODELS
 
-    cfg = recipe.distributed
-    if cfg.overlap:
-        raise RecipeError("distributed.overlap = true is not available yet; use false")
     if recipe.train.mode != "full":
         raise RecipeError(
             f"train.mode = {recipe.train.mode!r}: distributed training is full-graph; use 'full'"
@@ -272,7 +269,9 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
                 messenger = Messenger(part, lambda _layer, _direction: uniform, recipe.train.seed)
 
             def make_trainer(model: Any, graph: Any, **kwargs: Any) -> DistTrainer:
-                return DistTrainer(model, graph, part, messenger, adaptive=adaptive, **kwargs)
+                return DistTrainer(
+                    model, graph, part, messenger, adaptive=adaptive, overlap=cfg.overlap, **kwargs
+                )
 
             return _run(
                 recipe,

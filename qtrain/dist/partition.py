@@ -58,6 +58,12 @@ class Partition:
     block: Any  # dst = owned, src = owned + halo
     send_index: list[torch.Tensor]  # per peer: positions in `owned` of the rows it receives
     recv_counts: list[int]  # per peer: halo rows that come from it (in `halo` order)
+    # the same layer split for overlap: central nodes (no halo in-neighbour) need owned rows
+    # only; marginal ones also the halo. Positions in `owned`:
+    central: torch.Tensor
+    marginal: torch.Tensor
+    central_block: Any  # dst = central, src = owned as [central, marginal]
+    marginal_block: Any  # dst = marginal, src = [marginal, central, halo]
 
     @property
     def num_owned(self) -> int:
@@ -73,8 +79,9 @@ class Partition:
         return torch.cat([self.owned, self.halo])
 
 
-def _boundary_sources(src: torch.Tensor, dst: torch.Tensor, parts: torch.Tensor, owner: int,
-                      reader: int) -> torch.Tensor:
+def _boundary_sources(
+    src: torch.Tensor, dst: torch.Tensor, parts: torch.Tensor, owner: int, reader: int
+) -> torch.Tensor:
     """Sorted unique nodes of ``owner`` with an edge into a node of ``reader``."""
     keep = (parts[src] == owner) & (parts[dst] == reader)
     return torch.unique(src[keep])
@@ -97,13 +104,33 @@ def build_partition(graph: Any, parts: torch.Tensor, rank: int, world_size: int)
     local[owned] = torch.arange(owned.numel())
     local[halo] = owned.numel() + torch.arange(halo.numel())
     into_owned = parts[dst] == rank
-    block = dgl.create_block(
-        (local[src[into_owned]], local[dst[into_owned]]),
-        num_src_nodes=int(owned.numel() + halo.numel()),
-        num_dst_nodes=int(owned.numel()),
+    lsrc, ldst = local[src[into_owned]], local[dst[into_owned]]
+    n_owned = int(owned.numel())
+    all_src = torch.cat([owned, halo])
+    block = _block(dgl, lsrc, ldst, all_src, torch.arange(n_owned), n_owned + int(halo.numel()))
+    from_halo = torch.zeros(n_owned, dtype=torch.bool)
+    from_halo[ldst[lsrc >= n_owned]] = True
+    central = torch.nonzero(~from_halo, as_tuple=False).squeeze(1)
+    marginal = torch.nonzero(from_halo, as_tuple=False).squeeze(1)
+    central_src = torch.cat([central, marginal])  # owned positions, central first
+    marginal_src = torch.cat([marginal, central, n_owned + torch.arange(halo.numel())])
+    keep_c, keep_m = ~from_halo[ldst], from_halo[ldst]
+    central_block = _block(
+        dgl,
+        _reindex(lsrc[keep_c], central_src),
+        _reindex(ldst[keep_c], central),
+        all_src[central_src],
+        central,
+        n_owned,
     )
-    block.srcdata[dgl.NID] = torch.cat([owned, halo])
-    block.dstdata[dgl.NID] = owned.clone()
+    marginal_block = _block(
+        dgl,
+        _reindex(lsrc[keep_m], marginal_src),
+        _reindex(ldst[keep_m], marginal),
+        all_src[marginal_src],
+        marginal,
+        int(marginal_src.numel()),
+    )
     send_index = [
         local[_boundary_sources(src, dst, parts, rank, p)] if p != rank else owned.new_empty(0)
         for p in range(world_size)
@@ -116,4 +143,32 @@ def build_partition(graph: Any, parts: torch.Tensor, rank: int, world_size: int)
         block=block,
         send_index=send_index,
         recv_counts=[int(r.numel()) for r in recv],
+        central=central,
+        marginal=marginal,
+        central_block=central_block,
+        marginal_block=marginal_block,
     )
+
+
+def _reindex(positions: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Where each of ``positions`` sits in ``order`` (a permutation of a superset)."""
+    where = torch.full((int(order.max()) + 1 if order.numel() else 0,), -1, dtype=torch.int64)
+    where[order] = torch.arange(order.numel())
+    return where[positions]
+
+
+def _block(
+    dgl: Any,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    src_ids: torch.Tensor,
+    dst_local: torch.Tensor,
+    num_src: int,
+) -> Any:
+    """A block from local edge ends, with global ids on both sides (``dgl.NID``)."""
+    block = dgl.create_block(
+        (src, dst), num_src_nodes=num_src, num_dst_nodes=int(dst_local.numel())
+    )
+    block.srcdata[dgl.NID] = src_ids.clone()
+    block.dstdata[dgl.NID] = src_ids[: int(dst_local.numel())].clone()
+    return block

@@ -1,7 +1,9 @@
 """One worker's full-graph training step on its partition; the epoch protocol is ``Trainer``'s.
 
 The model runs on the worker's block (destinations: owned nodes; sources:
-owned + halo) in every layer. A forward pre-hook on each GNN layer after the
+owned + halo) in every layer. With ``overlap`` each layer after the first
+runs in two halves instead: the central nodes (no halo in-neighbour) while
+the halo rows are in flight, then the marginal ones (adaqp-mlsys23 §3.4). A forward pre-hook on each GNN layer after the
 first appends the halo rows, fetched from their owners, to the owned rows the
 previous layer produced (``qtrain.dist.exchange``); the first layer reads the
 halo's input features from the worker's own copy of the graph. The loss is
@@ -23,7 +25,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
 from qtrain.dist.adaptive import AdaptiveBits
-from qtrain.dist.exchange import Messenger, with_halo
+from qtrain.dist.exchange import FinishHalo, Messenger, with_halo
 from qtrain.dist.partition import Partition
 from qtrain.models.base import GNNModel
 from qtrain.train.activations import ActivationMeter
@@ -51,6 +53,7 @@ class DistTrainer(Trainer):
         run: RunDir | None = None,
         reporter: Reporter | None = None,
         adaptive: AdaptiveBits | None = None,
+        overlap: bool = False,
     ) -> None:
         self.model, self.config, self.device = model, config, device
         self.adaptive = adaptive
@@ -79,11 +82,21 @@ class DistTrainer(Trainer):
         self.meter = ActivationMeter(model.parameters(), device)
         self._step_inputs = [self.feat, self.labels, *graph_tensors(block)]
         self._epochs: list[tuple[int, float, float, float]] = []  # bytes, comm, quant, wall
-        self._hooks = [
-            layer.register_forward_pre_hook(self._halo_hook(i), with_kwargs=True)
-            for i, layer in enumerate(model.layers)
-            if i > 0
-        ]
+        self._hooks: list[Any] = []
+        self._wrapped: list[Any] = []
+        if overlap:
+            self._central = part.central_block.to(device)
+            self._marginal = part.marginal_block.to(device)
+            for i, layer in enumerate(model.layers):
+                if i > 0:
+                    layer.forward = self._overlapped(i, layer.forward)
+                    self._wrapped.append(layer)
+        else:
+            self._hooks = [
+                layer.register_forward_pre_hook(self._halo_hook(i), with_kwargs=True)
+                for i, layer in enumerate(model.layers)
+                if i > 0
+            ]
 
     def _halo_hook(self, layer: int) -> Any:
         def append_halo(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -92,11 +105,48 @@ class DistTrainer(Trainer):
 
         return append_halo
 
+    def _overlapped(self, layer: int, forward: Any) -> Any:
+        """Layer ``layer`` split in two: the central nodes compute while the halo is in flight.
+
+        The same sums as the whole block: a central node's in-neighbours are all
+        owned, and each half normalises by full-graph degrees as the whole block
+        does (``block_weights`` for GCN; in-degrees are a node's own either way).
+        """
+        part, model = self.part, self.model
+        central_src = torch.cat([part.central, part.marginal]).to(self.device)
+        marginal_own = torch.cat([part.marginal, part.central]).to(self.device)
+        central_at, marginal_at = part.central.to(self.device), part.marginal.to(self.device)
+
+        def weights(kwargs: dict[str, Any], block: Any) -> dict[str, Any]:
+            if kwargs.get("edge_weight") is None:
+                return kwargs
+            return {**kwargs, "edge_weight": model.block_weights(block)}  # type: ignore[operator]
+
+        def overlapped(graph: Any, feat: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            pending = self.messenger.post_halo(feat, layer)
+            inner = forward(
+                self._central, feat[central_src], *args, **weights(kwargs, self._central)
+            )
+            halo = FinishHalo.apply(feat, self.messenger, layer, pending)
+            outer = forward(
+                self._marginal,
+                torch.cat([feat[marginal_own], halo]),
+                *args,
+                **weights(kwargs, self._marginal),
+            )
+            out = inner.new_zeros((feat.shape[0], *inner.shape[1:]))
+            return out.index_copy(0, central_at, inner).index_copy(0, marginal_at, outer)
+
+        return overlapped
+
     def close(self) -> None:
-        """Remove the layer hooks (the model can train alone again)."""
+        """Remove the layer hooks and wrappers (the model can train alone again)."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        for layer in self._wrapped:
+            del layer.forward  # the class's own forward again
+        self._wrapped = []
 
     def _all_reduce_grads(self) -> None:
         params = [p for p in self.model.parameters() if p.requires_grad]
