@@ -133,6 +133,8 @@ def run(
             return execute(loaded)
 
     summary = guarded(action, debug)
+    if summary.get("distributed") and os.environ.get("RANK", "0") != "0":
+        return  # a worker under torchrun: rank 0 reports the run
     if as_json:
         _print_json(summary)
         return
