@@ -232,8 +232,7 @@ class Messenger:
         self.stats.quant_seconds += time.perf_counter() - waited
         return out
 
-    def post_halo(self, x_owned: torch.Tensor, layer: int) -> Pending:
-        """Start fetching ``x_owned``'s halo rows (every ring round at once); see :class:`FinishHalo`."""
+    def _post_forward(self, x_owned: torch.Tensor, layer: int, overlap: bool) -> Pending:
         part = self.part
         flat = x_owned.detach().reshape(x_owned.shape[0], -1)
         send_plan, recv_plan = self.plan(layer, "forward")
@@ -244,23 +243,24 @@ class Messenger:
             send_plan,
             recv_plan,
             f"layer{layer}.forward",
-            overlap=True,
+            overlap=overlap,
         )
         pending.shape = x_owned.shape[1:]
         return pending
 
+    def post_halo(self, x_owned: torch.Tensor, layer: int) -> Pending:
+        """Start fetching ``x_owned``'s halo rows (every ring round at once); see :class:`FinishHalo`."""
+        return self._post_forward(x_owned, layer, overlap=True)
+
+    def finish_halo(self, pending: Pending, dtype: torch.dtype) -> torch.Tensor:
+        """The halo rows of a fetch that :meth:`post_halo` (or :meth:`fetch_halo`) started."""
+        got = self._complete(pending)
+        halo = torch.cat(got) if got else torch.empty(0, pending.dim)
+        return halo.reshape(halo.shape[0], *pending.shape).to(dtype)
+
     def fetch_halo(self, x_owned: torch.Tensor, layer: int) -> torch.Tensor:
         """The halo rows of ``x_owned``'s layer input, from their owners."""
-        part = self.part
-        dim = x_owned[0].numel() if x_owned.shape[0] else int(x_owned.shape[1:].numel())
-        flat = x_owned.reshape(x_owned.shape[0], -1)
-        send_plan, recv_plan = self.plan(layer, "forward")
-        outgoing = [flat[idx] for idx in part.send_index]
-        got = self._exchange(
-            outgoing, part.recv_counts, dim, send_plan, recv_plan, f"layer{layer}.forward"
-        )
-        halo = torch.cat(got) if got else flat.new_empty(0, dim)
-        return halo.reshape(halo.shape[0], *x_owned.shape[1:]).to(x_owned.dtype)
+        return self.finish_halo(self._post_forward(x_owned, layer, overlap=False), x_owned.dtype)
 
     def return_grads(
         self, grad_halo: torch.Tensor, layer: int, owned_shape: torch.Size
@@ -306,8 +306,7 @@ class FinishHalo(torch.autograd.Function):
         ctx: Any, x_owned: torch.Tensor, messenger: Messenger, layer: int, pending: Pending
     ) -> torch.Tensor:  # type: ignore[override]
         ctx.messenger, ctx.layer, ctx.shape = messenger, layer, x_owned.shape
-        halo = torch.cat(messenger._complete(pending))
-        return halo.reshape(halo.shape[0], *pending.shape).to(x_owned.dtype)
+        return messenger.finish_halo(pending, x_owned.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
