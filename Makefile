@@ -6,7 +6,7 @@ DEPS   := $(VENV)/.stamp-deps
 BUILT  := $(VENV)/.stamp-build
 EXT_SOURCES := $(wildcard ext/*.cpp ext/*.h ext/*.cu ext/*.cuh) setup.py pyproject.toml
 
-.PHONY: setup build run test test-fast lint doctor clean
+.PHONY: setup build run test test-fast lint doctor bench bench-quick clean
 
 setup: $(BUILT)
 
@@ -40,6 +40,14 @@ lint: $(DEPS)
 
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor
+
+# every bench script in a fresh process; bench/results/<host>-<date>.json and .md
+bench: $(BUILT)
+	$(BIN)/python bench/suite.py
+
+# the same cases, one size each and fewer repetitions (under 5 minutes on 2 cores)
+bench-quick: $(BUILT)
+	$(BIN)/python bench/suite.py --quick
 
 clean:
 	rm -rf build qtrain/*.so $(BUILT)

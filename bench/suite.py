@@ -1,0 +1,625 @@
+"""The benchmark suite: every bench script in a fresh process, one JSON document and one table.
+
+Runs ``gemm.py``, ``sparse.py``, ``epoch.py`` (tango's primitives and epochs
+against torch / DGL FP32 and bf16 autocast), ``exact.py``, ``exact_ops.py`` and
+``exact_capacity.py`` (exact's activation memory, epoch time, primitives and
+the synthetic-products capacity case), each as a subprocess of the venv's
+Python with ``--json``, so every script starts with a fresh allocator and its
+memory figures are its own. It then collects their JSON into one document::
+
+    {"host", "date", "command", "git_commit", "threads", "cpu", "quick",
+     "cases": [{"family", "case", "metric", "unit", "value", "baseline_name",
+                "baseline", "ratio", "note", ...}],
+     "jobs": [{"script", "argv", "returncode", "seconds"}],
+     "raw": {"gemm.py": <its JSON>, ...}}
+
+and renders it as markdown. Every ratio is ``baseline / value`` of two numbers
+measured in this run (> 1: qtrain's variant is that many times faster, or
+smaller); a case a script could not measure (DGL refusing bf16 autocast, a
+script that failed) has ``"ratio": null`` and the reason in ``note``.
+
+    python bench/suite.py            # make bench: the full profile (about 12 minutes on 2 cores)
+    python bench/suite.py --quick    # make bench-quick: fewer sizes and repetitions
+    python bench/suite.py --render bench/results/<host>-<date>.json   # the markdown again
+
+Writes ``bench/results/<host>-<date>.json`` and ``.md`` (``-quick`` before the
+suffix for the quick profile, so it never overwrites a full run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from _record import git_commit, write_json
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+MIB = 2**20
+GIB = 2**30
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class Job:
+    """One bench script and the arguments a profile gives it (``--threads`` and ``--json`` added)."""
+
+    script: str
+    args: tuple[str, ...]
+
+
+PROFILES: dict[str, tuple[Job, ...]] = {
+    # the figures bench/README.md quotes, with their commands' settings
+    "full": (
+        Job("gemm.py", ("--rows", "169343", "--hidden", "128", "256", "--repeat", "9")),
+        Job("sparse.py", ("--widths", "128", "256", "--repeat", "5")),
+        Job("epoch.py", ("--warmup", "1", "--repeat", "3")),
+        Job("exact.py", ("--warmup", "1", "--repeat", "5", "--memory-steps", "2")),
+        Job("exact_ops.py", ("--repeat", "7")),
+        # SAGE 3 x 128 full graph on synthetic-products: FP32 passes 16 GiB, exact stays
+        # near 12.4 GiB; about 5 minutes
+        Job("exact_capacity.py", ("--budget-gib", "16", "--hidden", "128")),
+    ),
+    # the same cases, one size each and fewer repetitions: 203 s on 2 idle cores, 241-336 s
+    # while other jobs shared them
+    "quick": (
+        Job("gemm.py", ("--rows", "169343", "--hidden", "128", "--repeat", "5", "--warmup", "2")),
+        Job("sparse.py", ("--widths", "128", "--repeat", "3")),
+        # one timed epoch per variant after one warm-up epoch (a GAT FP32 epoch is ~13 s)
+        Job("epoch.py", ("--warmup", "1", "--repeat", "1")),
+        # the memory part has just run a step of each variant in the same process, which
+        # warms it up: a first timed round was no slower than a second one here
+        Job("exact.py", ("--warmup", "0", "--repeat", "1", "--memory-steps", "1")),
+        Job("exact_ops.py", ("--repeat", "3")),
+        # SAGE 3 x 32 full graph on synthetic-products: FP32 peaked at 9.7 GiB, exact INT2
+        # at 8.3 GiB (3.2 GiB of both the loaded graph): a 9 GiB budget asks the full
+        # run's question in about a minute
+        Job(
+            "exact_capacity.py",
+            ("--budget-gib", "9", "--hidden", "32", "--layers", "3", "--variants", "fp32", "int2"),
+        ),
+    ),
+}
+
+FAMILIES: dict[str, str] = {
+    "gemm": "tango: quantized GEMM (quantize X and W, INT8 product, float32 out) vs torch.matmul, "
+    "X of 169,343 rows (ogbn-arxiv's nodes), W hidden x hidden",
+    "sparse": "tango: quantized SpMM / SDDMM (quantizing the inputs included) vs DGL's kernels "
+    "on synthetic-arxiv",
+    "epoch": "tango 8-bit: one full-graph training epoch (forward, backward, Adam) of the "
+    "example recipes on synthetic-arxiv",
+    "exact-memory": "exact: bytes saved for backward (peak in a training step), full graph on "
+    "synthetic-arxiv",
+    "exact-epoch": "exact: epoch time, full graph on synthetic-arxiv (variants round-robin in "
+    "one process)",
+    "exact-ops": "exact: the primitives behind its epoch time, one 169,343 x 256 activation",
+    "exact-capacity": "exact: full-graph GraphSAGE on synthetic-products under a resident-memory "
+    "budget (each variant in a child process killed past it)",
+}
+
+
+# ---------------------------------------------------------------- cases
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def case(
+    family: str,
+    name: str,
+    metric: str,
+    unit: str,
+    value: Any,
+    baseline_name: str,
+    baseline: Any,
+    note: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One measured comparison; ``ratio`` = baseline / value when both were measured."""
+    v, b = _num(value), _num(baseline)
+    ratio = b / v if v is not None and b is not None and v > 0 else None
+    if ratio is None and note is None:
+        note = "not measured"
+    return {
+        "family": family,
+        "case": name,
+        "metric": metric,
+        "unit": unit,
+        "value": v,
+        "baseline_name": baseline_name,
+        "baseline": b,
+        "ratio": ratio,
+        "note": note,
+        **extra,
+    }
+
+
+def cases_gemm(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in raw["results"]:
+        name = f"{r['case']}, hidden {r['hidden']}"
+        for base, key in (("FP32", "fp32_ms"), ("bf16 autocast", "bf16_ms")):
+            out.append(case("gemm", name, "median time", "ms", r["qtrain_ms"], base, r[key]))
+    return out
+
+
+def cases_sparse(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for r in raw["results"]:
+        variants = [("", r["qtrain_nearest_ms"])]
+        if "qtrain_stochastic_ms" in r:
+            variants.append((", stochastic rounding", r["qtrain_stochastic_ms"]))
+        for suffix, ms in variants:
+            name = f"{r['op']} {r['shape']}{suffix}"
+            out.append(case("sparse", name, "median time", "ms", ms, "DGL FP32", r["dgl_fp32_ms"]))
+            bf16 = r["dgl_bf16_ms"]
+            note = None if _num(bf16) is not None else f"DGL under bf16 autocast: {bf16}"
+            out.append(
+                case("sparse", name, "median time", "ms", ms, "DGL bf16 autocast", bf16, note)
+            )
+    return out
+
+
+EPOCH_MODELS = {
+    "gcn": "GCN 3 x 256 (examples/arxiv-gcn.toml)",
+    "gat": "GAT 3 layers, 4 heads x 64 (examples/arxiv-gat.toml)",
+}
+
+
+def _ms(row: dict[str, Any]) -> float | None:
+    s = _num(row.get("median_s"))
+    return None if s is None else s * 1e3
+
+
+def cases_epoch(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, rows in raw["models"].items():
+        tango = rows.get("tango", {})
+        name = f"{EPOCH_MODELS.get(key, key)}, tango 8-bit"
+        for base, variant in (("DGL FP32", "fp32"), ("DGL bf16 autocast", "bf16-autocast")):
+            row = rows.get(variant, {"error": "not run"})
+            note = None
+            if "error" in tango:
+                note = f"tango: {tango['error']}"
+            elif "error" in row:
+                note = f"{base}: {row['error']}"
+            out.append(
+                case("epoch", name, "median epoch time", "ms", _ms(tango), base, _ms(row), note)
+            )
+    return out
+
+
+EXACT_MODELS = {"sage": "SAGE 3 x 256 (mean)", "gcnii": "GCNII 16 x 64"}
+EXACT_VARIANTS = {"fp32": "FP32", "int2": "exact INT2", "rp8-int2": "exact RP 8 + INT2"}
+# exact.py's bars (the issue's), by the case they judge
+EXACT_BARS = {
+    ("exact-memory", "sage", "int2", "FP32"): "sage activation memory fp32 / int2",
+    ("exact-memory", "sage", "rp8-int2", "FP32"): "sage activation memory fp32 / rp8-int2",
+    ("exact-memory", "gcnii", "rp8-int2", "FP32"): (
+        "gcnii 16 layers trains, activation memory fp32 / rp8-int2"
+    ),
+    ("exact-epoch", "sage", "int2", "FP32"): "sage epoch time overhead int2 vs fp32",
+    ("exact-epoch", "sage", "rp8-int2", "exact INT2"): "sage epoch time rp8-int2 / int2",
+}
+
+
+def _bar(raw: dict[str, Any], key: tuple[str, str, str, str]) -> dict[str, Any]:
+    name = EXACT_BARS.get(key)
+    for bar in raw.get("bars", []):
+        if bar.get("bar") == name:
+            return {"bar": f"{bar['bar']} {bar['want']}", "pass": bar["pass"]}
+    return {}
+
+
+def cases_exact(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for model, rows in raw.get("memory", {}).items():
+        base = rows.get("fp32", {}).get("activation_bytes")
+        for variant, row in rows.items():
+            if variant == "fp32":
+                continue
+            name = f"{EXACT_MODELS.get(model, model)}, {EXACT_VARIANTS.get(variant, variant)}"
+            note = None if row.get("trains", True) else "loss not finite"
+            out.append(
+                case(
+                    "exact-memory",
+                    name,
+                    "activation bytes",
+                    "MiB",
+                    row["activation_bytes"] / MIB,
+                    "FP32",
+                    None if base is None else base / MIB,
+                    note,
+                    **_bar(raw, ("exact-memory", model, variant, "FP32")),
+                )
+            )
+    for model, rows in raw.get("time", {}).items():
+        for variant, row in rows.items():
+            if variant == "fp32":
+                continue
+            name = f"{EXACT_MODELS.get(model, model)}, {EXACT_VARIANTS.get(variant, variant)}"
+            bases = ["fp32"] + (["int2"] if variant == "rp8-int2" and "int2" in rows else [])
+            for b in bases:
+                label = EXACT_VARIANTS[b]
+                out.append(
+                    case(
+                        "exact-epoch",
+                        name,
+                        "median epoch time",
+                        "ms",
+                        _ms(row),
+                        label,
+                        _ms(rows.get(b, {})),
+                        **_bar(raw, ("exact-epoch", model, variant, label)),
+                    )
+                )
+    return out
+
+
+# exact_ops.py's names carry the shapes; these prefixes find them
+OPS = (
+    (
+        "RP 8 + INT2 compress: fused project + quantize",
+        "fused project + quantize",
+        ("unfused: projection x @ R [", "unfused: quantize rows"),
+        "unfused: x @ R, then quantize",
+    ),
+    (
+        "RP 8 + INT2 decompress: fused dequantize + project back",
+        "fused dequantize + project back",
+        ("unfused: projection y @ R^T",),
+        "unfused: y @ R^T alone",
+    ),
+    (
+        "ReLU backward: masked_scale from packed 1-bit mask",
+        "ReLU backward: masked_scale",
+        ("ReLU backward: torch threshold_backward",),
+        "torch threshold_backward",
+    ),
+)
+
+
+def cases_exact_ops(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    times: dict[str, float] = raw["median_ms"]
+
+    def find(prefix: str) -> float | None:
+        return next((v for k, v in times.items() if k.startswith(prefix)), None)
+
+    out = []
+    for name, mine, theirs, base_name in OPS:
+        parts = [find(p) for p in theirs]
+        base = None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+        out.append(
+            case("exact-ops", name, "median time", "ms", find(mine), "torch / unfused", base, None)
+        )
+        out[-1]["baseline_what"] = base_name
+    return out
+
+
+def cases_capacity(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    budget = raw["budget_gib"]
+    variants = raw.get("variants", {})
+    fp32 = variants.get("fp32", {})
+
+    def peak(row: dict[str, Any]) -> float | None:
+        seen = max(row.get("max_rss_bytes_polled", 0), row.get("max_hwm_bytes_polled", 0))
+        return seen / GIB if seen else None
+
+    def what(label: str, row: dict[str, Any]) -> str:
+        outcome = row.get("outcome", "not run")
+        if outcome == "killed at the budget":
+            return f"{label} killed at the budget (its figure: resident memory then, a lower bound)"
+        if outcome == "finished":
+            steps = row.get("steps_finished", 0)
+            finite = row.get("params_finite") and all(
+                math.isfinite(x) for x in row.get("losses", [])
+            )
+            return f"{label} trained {steps} step{'s' * (steps != 1)} under it, " + (
+                "finite" if finite else "NOT finite"
+            )
+        return f"{label}: {outcome} {row.get('reason', '')}".strip()
+
+    model = f"SAGE {raw['layers']} x {raw['hidden']} full graph, {budget:g} GiB budget"
+    out = []
+    bars = raw.get("bars", {})
+    for variant, row in variants.items():
+        if variant == "fp32":
+            continue
+        label = EXACT_VARIANTS.get(variant, variant)
+        fits = bars.get(f"{variant} trains under the budget")
+        over = bars.get("fp32 exceeds the budget")
+        note = f"{what('FP32', fp32)}; {what(label, row)}"
+        value, base = peak(row), peak(fp32)
+        if row.get("outcome") != "finished" or fp32.get("outcome") not in (
+            "killed at the budget",
+            "finished",
+        ):
+            value = None  # no step to compare: the ratio would not be a measurement
+        out.append(
+            case(
+                "exact-capacity",
+                f"{model}, {label}",
+                "highest resident memory (FP32: when killed)",
+                "GiB",
+                value,
+                "FP32",
+                base,
+                note,
+                bar=f"FP32 exceeds {budget:g} GiB, {label} trains a step under it",
+                budget_gib=budget,
+                **{"pass": None if fits is None or over is None else bool(fits and over)},
+            )
+        )
+    return out
+
+
+CASES = {
+    "gemm.py": cases_gemm,
+    "sparse.py": cases_sparse,
+    "epoch.py": cases_epoch,
+    "exact.py": cases_exact,
+    "exact_ops.py": cases_exact_ops,
+    "exact_capacity.py": cases_capacity,
+}
+SCRIPT_FAMILIES = {
+    "gemm.py": "gemm",
+    "sparse.py": "sparse",
+    "epoch.py": "epoch",
+    "exact.py": "exact-memory",
+    "exact_ops.py": "exact-ops",
+    "exact_capacity.py": "exact-capacity",
+}
+
+
+def collect(raw: dict[str, Any], errors: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every case of every script's JSON; a script that gave none is one case saying why."""
+    errors = errors or {}
+    out: list[dict[str, Any]] = []
+    for script, fn in CASES.items():
+        if script in errors or script not in raw:
+            if script in errors:
+                note = f"{script}: {errors[script]}"
+                out.append(
+                    case(SCRIPT_FAMILIES[script], "(no result)", "-", "-", None, "-", None, note)
+                )
+            continue
+        try:
+            out.extend(fn(raw[script]))
+        except (KeyError, TypeError, ValueError) as exc:
+            note = f"{script}: unexpected JSON ({type(exc).__name__}: {exc})"
+            out.append(
+                case(SCRIPT_FAMILIES[script], "(no result)", "-", "-", None, "-", None, note)
+            )
+    return out
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    if x is None:
+        return "-"
+    if unit == "GiB":
+        return f"{x:.2f}"
+    return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+NOTE_CHARS = 160  # longer notes (a DGL error message) are cut in the table; the JSON has them whole
+
+
+def render_table(cases: list[dict[str, Any]]) -> str:
+    """One markdown table per family: a row per case, a value and ratio column per baseline."""
+    blocks: list[str] = []
+    families = list(dict.fromkeys(c["family"] for c in cases))
+    for family in families:
+        mine = [c for c in cases if c["family"] == family]
+        baselines = list(
+            dict.fromkeys(c["baseline_name"] for c in mine if c["baseline_name"] != "-")
+        )
+        rows: dict[str, dict[str, Any]] = {}
+        for c in mine:
+            row = rows.setdefault(
+                c["case"], {"unit": c["unit"], "value": c["value"], "notes": [], "by": {}}
+            )
+            row["by"][c["baseline_name"]] = c
+            note = c.get("note")
+            if note:
+                note = note if len(note) <= NOTE_CHARS else note[: NOTE_CHARS - 3] + "..."
+                if note not in row["notes"]:
+                    row["notes"].append(note)
+            if c.get("baseline_what"):
+                row["notes"].append(f"baseline: {c['baseline_what']}")
+            if c.get("bar") is not None:
+                verdict = {True: "PASS", False: "FAIL", None: "n/a"}[c.get("pass")]
+                row["notes"].append(f"bar: {c['bar']}: {verdict}")
+        unit = mine[0]["unit"]
+        head = ["case", f"qtrain ({unit})"]
+        for b in baselines:
+            head += [b, f"vs {b}"]
+        head.append("notes")
+        lines = [
+            f"**{family}**: {FAMILIES.get(family, '')}",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "|".join("---" for _ in head) + "|",
+        ]
+        for name, row in rows.items():
+            cells = [_escape(name), _fmt(row["value"], row["unit"])]
+            for b in baselines:
+                c = row["by"].get(b)
+                cells += (
+                    ["-", "-"]
+                    if c is None
+                    else [_fmt(c["baseline"], c["unit"]), _ratio(c["ratio"])]
+                )
+            cells.append(_escape("; ".join(row["notes"])) or "")
+            lines.append("| " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The whole report: where and how it ran, then the tables."""
+    profile = "quick" if doc.get("quick") else "full"
+    total = doc.get("seconds")
+    lines = [
+        f"# qtrain benchmarks, {profile} profile: {doc['host']}, {doc['date']}",
+        "",
+        f"- command: `{doc['command']}`"
+        + (f" ({total:.0f} s)" if isinstance(total, int | float) else ""),
+        f"- machine: {doc['cpu']}, {doc.get('cores', '?')} cores, {doc['threads']} threads"
+        + (f", ext ISA {doc['isa']}" if doc.get("isa") else "")
+        + (f", torch {doc['torch']}" if doc.get("torch") else "")
+        + (f", DGL {doc['dgl']}" if doc.get("dgl") else ""),
+        f"- commit: {doc.get('git_commit') or 'unknown'}",
+        "- scripts: "
+        + ", ".join(
+            f"`{' '.join(j['argv'])}` ({j['seconds']:.0f} s"
+            + ("" if j["returncode"] == 0 else f", exit status {j['returncode']}")
+            + ")"
+            for j in doc.get("jobs", [])
+        ),
+        "- ratio = baseline / qtrain: > 1 means qtrain's variant is that many times faster "
+        "(times) or smaller (memory); medians after warm-up, baseline and qtrain measured in "
+        "the same run",
+        "",
+        render_table(doc["cases"]),
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- running
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+        if match:
+            return match.group(1).strip()
+    return platform.processor() or platform.machine()
+
+
+def run_job(
+    job: Job, threads: int, tmp: Path
+) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+    """Run one script in a fresh process; (its record, its JSON or None, the error or None)."""
+    out = tmp / (Path(job.script).stem + ".json")
+    argv = [str(BENCH / job.script), "--threads", str(threads), *job.args, "--json", str(out)]
+    print(f"\n=== {shlex.join(['python', 'bench/' + job.script, *argv[1:-2]])}", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, check=False)
+    record = {
+        "script": job.script,
+        "argv": ["bench/" + job.script, *argv[1:-2]],
+        "returncode": proc.returncode,
+        "seconds": time.perf_counter() - start,
+    }
+    print(f"=== {job.script}: exit {proc.returncode}, {record['seconds']:.0f} s", flush=True)
+    if proc.returncode != 0:
+        return record, None, f"exit status {proc.returncode}"
+    try:
+        return record, json.loads(out.read_text()), None
+    except (OSError, json.JSONDecodeError) as exc:
+        return record, None, f"no JSON ({type(exc).__name__})"
+
+
+def _first(raw: dict[str, Any], *paths: tuple[str, ...]) -> Any:
+    for path in paths:
+        node: Any = raw
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            return node
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the quick profile (make bench-quick)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--only", nargs="+", default=None, choices=list(CASES), help="run these scripts only"
+    )
+    parser.add_argument("--out-dir", type=Path, default=BENCH / "results")
+    parser.add_argument(
+        "--render", type=Path, default=None, help="print the markdown of a suite JSON"
+    )
+    args = parser.parse_args(argv)
+    if args.render is not None:
+        print(render_markdown(json.loads(args.render.read_text())), end="")
+        return 0
+
+    profile = "quick" if args.quick else "full"
+    jobs = [j for j in PROFILES[profile] if args.only is None or j.script in args.only]
+    now = datetime.now(timezone.utc)
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
+    raw: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    records = []
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="qtrain-bench-") as tmp:
+        for job in jobs:
+            record, result, error = run_job(job, args.threads, Path(tmp))
+            records.append(record)
+            if result is not None:
+                raw[job.script] = result
+            if error is not None:
+                errors[job.script] = error
+    doc: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join(
+            ["python", "bench/suite.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "git_commit": git_commit(),
+        "threads": args.threads,
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "isa": _first(raw, ("gemm.py", "isa"), ("sparse.py", "meta", "isa")),
+        "torch": _first(raw, ("gemm.py", "torch"), ("sparse.py", "meta", "torch")),
+        "dgl": _first(raw, ("sparse.py", "meta", "dgl")),
+        "quick": args.quick,
+        "seconds": time.perf_counter() - start,
+        "jobs": records,
+        "cases": collect(raw, errors),
+        "raw": raw,
+    }
+    stem = f"{host}-{now:%Y-%m-%d}" + ("-quick" if args.quick else "")
+    write_json(args.out_dir / f"{stem}.json", doc)
+    markdown = render_markdown(doc)
+    (args.out_dir / f"{stem}.md").write_text(markdown)
+    print()
+    print(markdown, end="")
+    print(f"wrote {args.out_dir / stem}.json and .md ({doc['seconds']:.0f} s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

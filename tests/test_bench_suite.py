@@ -1,0 +1,281 @@
+"""bench/suite.py's pure parts: script JSON -> cases and ratios -> markdown (nothing is timed)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def suite() -> Any:
+    sys.path.insert(0, str(BENCH))  # the scripts import their sibling _record
+    try:
+        yield importlib.import_module("suite")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+# trimmed copies of what each script writes with --json
+GEMM = {
+    "isa": "avx512vnni",
+    "torch": "2.13.0+cpu",
+    "results": [
+        {
+            "hidden": 128,
+            "case": "fwd X@W nearest",
+            "fp32_ms": 30.0,
+            "bf16_ms": 20.0,
+            "qtrain_ms": 10.0,
+        },
+    ],
+}
+SPARSE = {
+    "meta": {"isa": "avx512vnni", "torch": "2.13.0+cpu", "dgl": "2.1.0"},
+    "results": [
+        {
+            "op": "copy_u_sum",
+            "shape": "x[N,128]",
+            "dgl_fp32_ms": 90.0,
+            "dgl_bf16_ms": 60.0,
+            "qtrain_nearest_ms": 30.0,
+            "qtrain_stochastic_ms": 45.0,
+        },
+        {
+            "op": "u_dot_v",
+            "shape": "[N,128] . [N,128]",
+            "dgl_fp32_ms": 100.0,
+            "dgl_bf16_ms": "unsupported (DGLError)",
+            "qtrain_nearest_ms": 25.0,
+        },
+    ],
+}
+EPOCH = {
+    "models": {
+        "gcn": {
+            "fp32": {"median_s": 5.0},
+            "bf16-autocast": {"median_s": 4.0},
+            "tango": {"median_s": 2.5},
+        },
+        "gat": {
+            "fp32": {"median_s": 12.0},
+            "bf16-autocast": {"error": "DGLError: node features bf16, edge features float32"},
+            "tango": {"median_s": 6.0},
+        },
+    }
+}
+MIB = 2**20
+EXACT = {
+    "memory": {
+        "sage": {
+            "fp32": {"activation_bytes": 1000 * MIB, "trains": True},
+            "int2": {"activation_bytes": 50 * MIB, "trains": True},
+            "rp8-int2": {"activation_bytes": 40 * MIB, "trains": True},
+        },
+    },
+    "time": {
+        "sage": {
+            "fp32": {"median_s": 8.0},
+            "int2": {"median_s": 10.0},
+            "rp8-int2": {"median_s": 12.5},
+        }
+    },
+    "bars": [
+        {
+            "bar": "sage activation memory fp32 / int2",
+            "value": 20.0,
+            "want": ">= 10x",
+            "pass": True,
+        },
+        {"bar": "sage epoch time rp8-int2 / int2", "value": 1.25, "want": "<= 1.00", "pass": False},
+    ],
+}
+EXACT_OPS = {
+    "median_ms": {
+        "fused project + quantize INT2 [256 -> 32]": 20.0,
+        "unfused: quantize rows INT2 [169343, 32] (projected)": 5.0,
+        "unfused: projection x @ R [256 -> 32]": 35.0,
+        "unfused: projection y @ R^T [32 -> 256]": 60.0,
+        "fused dequantize + project back INT2 [32 -> 256]": 30.0,
+        "ReLU backward: masked_scale from packed bits": 15.0,
+        "ReLU backward: torch threshold_backward": 60.0,
+    }
+}
+GIB = 2**30
+CAPACITY = {
+    "budget_gib": 6.0,
+    "hidden": 16,
+    "layers": 2,
+    "variants": {
+        "fp32": {
+            "outcome": "killed at the budget",
+            "max_rss_bytes_polled": int(6.01 * GIB),
+            "max_hwm_bytes_polled": int(6.01 * GIB),
+            "steps_finished": 0,
+        },
+        "int2": {
+            "outcome": "finished",
+            "max_rss_bytes_polled": int(4.5 * GIB),
+            "max_hwm_bytes_polled": int(4.6 * GIB),
+            "steps_finished": 1,
+            "losses": [3.8],
+            "params_finite": True,
+        },
+    },
+    "bars": {"fp32 exceeds the budget": True, "int2 trains under the budget": True},
+}
+RAW = {
+    "gemm.py": GEMM,
+    "sparse.py": SPARSE,
+    "epoch.py": EPOCH,
+    "exact.py": EXACT,
+    "exact_ops.py": EXACT_OPS,
+    "exact_capacity.py": CAPACITY,
+}
+
+
+def _find(cases: list[dict[str, Any]], family: str, name: str, baseline: str) -> dict[str, Any]:
+    """The case named ``name`` exactly, or else the one case whose name starts with it."""
+    mine = [c for c in cases if c["family"] == family and c["baseline_name"] == baseline]
+    hits = [c for c in mine if c["case"] == name] or [c for c in mine if c["case"].startswith(name)]
+    assert len(hits) == 1, (family, name, baseline, [c["case"] for c in mine])
+    return hits[0]
+
+
+def test_ratios_are_baseline_over_value(suite: Any) -> None:
+    cases = suite.collect(RAW)
+    g = _find(cases, "gemm", "fwd X@W nearest, hidden 128", "FP32")
+    assert (g["value"], g["baseline"], g["ratio"], g["unit"]) == (10.0, 30.0, 3.0, "ms")
+    assert _find(cases, "gemm", "fwd X@W nearest", "bf16 autocast")["ratio"] == 2.0
+
+    assert _find(cases, "sparse", "copy_u_sum x[N,128]", "DGL FP32")["ratio"] == 3.0
+    stoch = _find(cases, "sparse", "copy_u_sum x[N,128], stochastic", "DGL bf16 autocast")
+    assert stoch["ratio"] == pytest.approx(60 / 45)
+
+    gcn = _find(cases, "epoch", "GCN", "DGL bf16 autocast")
+    assert (gcn["value"], gcn["baseline"], gcn["ratio"]) == (2500.0, 4000.0, 1.6)
+    assert _find(cases, "epoch", "GAT", "DGL FP32")["ratio"] == 2.0
+
+    mem = _find(cases, "exact-memory", "SAGE 3 x 256 (mean), exact INT2", "FP32")
+    assert (mem["value"], mem["baseline"], mem["ratio"], mem["unit"]) == (50.0, 1000.0, 20.0, "MiB")
+    assert mem["pass"] is True
+    int2 = _find(cases, "exact-epoch", "SAGE 3 x 256 (mean), exact INT2", "FP32")
+    assert int2["ratio"] == pytest.approx(0.8)  # 25 % slower
+    rp = _find(cases, "exact-epoch", "SAGE 3 x 256 (mean), exact RP 8", "exact INT2")
+    assert rp["ratio"] == pytest.approx(0.8) and rp["pass"] is False
+    assert _find(cases, "exact-epoch", "SAGE 3 x 256 (mean), exact RP 8", "FP32")["ratio"] == 0.64
+
+    fused = _find(cases, "exact-ops", "RP 8 + INT2 compress", "torch / unfused")
+    assert (fused["baseline"], fused["ratio"]) == (40.0, 2.0)  # x @ R + quantize, measured
+    assert _find(cases, "exact-ops", "ReLU backward", "torch / unfused")["ratio"] == 4.0
+
+    cap = _find(cases, "exact-capacity", "SAGE 2 x 16 full graph, 6 GiB budget", "FP32")
+    assert cap["value"] == pytest.approx(4.6) and cap["baseline"] == pytest.approx(6.01)
+    assert cap["ratio"] == pytest.approx(6.01 / 4.6) and cap["pass"] is True
+    assert "FP32 killed at the budget" in cap["note"]
+
+
+def test_unmeasured_cases_have_no_ratio_and_say_why(suite: Any) -> None:
+    cases = suite.collect(RAW)
+    dot = _find(cases, "sparse", "u_dot_v", "DGL bf16 autocast")
+    assert dot["ratio"] is None and dot["baseline"] is None
+    assert "unsupported (DGLError)" in dot["note"]
+    gat = _find(cases, "epoch", "GAT", "DGL bf16 autocast")
+    assert gat["ratio"] is None and "node features bf16" in gat["note"]
+    # a measured case carries no note
+    assert _find(cases, "gemm", "fwd X@W nearest", "FP32")["note"] is None
+
+    # a script that failed is one case saying so; one that was not run is absent
+    partial = suite.collect({"gemm.py": GEMM}, {"sparse.py": "exit status 1"})
+    families = {c["family"] for c in partial}
+    assert families == {"gemm", "sparse"}
+    failed = [c for c in partial if c["family"] == "sparse"]
+    assert len(failed) == 1 and failed[0]["ratio"] is None
+    assert "exit status 1" in failed[0]["note"]
+
+    # a capacity run whose exact child did not finish gives no ratio
+    broken = {
+        **CAPACITY,
+        "variants": {**CAPACITY["variants"], "int2": {"outcome": "killed at the budget"}},
+    }
+    (cap,) = suite.cases_capacity(broken)
+    assert cap["ratio"] is None and "exact INT2 killed at the budget" in cap["note"]
+
+    # JSON of an unexpected shape does not stop the others
+    odd = suite.collect({"gemm.py": {"results": [{"hidden": 1}]}, "epoch.py": EPOCH})
+    assert any(c["family"] == "gemm" and c["ratio"] is None for c in odd)
+    assert any(c["family"] == "epoch" and c["ratio"] == 2.0 for c in odd)
+
+
+def test_markdown(suite: Any) -> None:
+    doc = {
+        "host": "box",
+        "date": "2026-11-23 05:00 UTC",
+        "command": "python bench/suite.py --quick",
+        "git_commit": "abc123",
+        "threads": 2,
+        "cpu": "AMD EPYC",
+        "cores": 2,
+        "isa": "avx512vnni",
+        "quick": True,
+        "seconds": 250.0,
+        "jobs": [
+            {"argv": ["bench/gemm.py", "--threads", "2"], "returncode": 0, "seconds": 4.2},
+            {"argv": ["bench/sparse.py"], "returncode": 1, "seconds": 1.0},
+        ],
+        "cases": suite.collect(RAW),
+    }
+    md = suite.render_markdown(doc)
+    assert "quick profile: box, 2026-11-23 05:00 UTC" in md
+    assert "`python bench/suite.py --quick` (250 s)" in md
+    assert "AMD EPYC, 2 cores, 2 threads, ext ISA avx512vnni" in md
+    assert "`bench/gemm.py --threads 2` (4 s), `bench/sparse.py` (1 s, exit status 1)" in md
+    lines = md.splitlines()
+    # one table per family, in the order the cases came
+    heads = [line.split("**")[1] for line in lines if line.startswith("**")]
+    assert heads == [
+        "gemm",
+        "sparse",
+        "epoch",
+        "exact-memory",
+        "exact-epoch",
+        "exact-ops",
+        "exact-capacity",
+    ]
+    assert (
+        "| case | qtrain (ms) | FP32 | vs FP32 | bf16 autocast | vs bf16 autocast | notes |"
+        in lines
+    )
+    assert "| fwd X@W nearest, hidden 128 | 10.0 | 30.0 | 3.00x | 20.0 | 2.00x |  |" in lines
+    # both baselines of a case on one row; an unmeasured one is "-" with the reason
+    gat = next(line for line in lines if line.startswith("| GAT"))
+    assert "| 6000 | 12000 | 2.00x | - | - |" in gat and "node features bf16" in gat
+    rp = next(
+        line
+        for line in lines
+        if line.startswith("| SAGE 3 x 256 (mean), exact RP 8 + INT2 | 12500")
+    )
+    assert "| 8000 | 0.64x | 10000 | 0.80x |" in rp and "FAIL" in rp
+    cap = next(line for line in lines if "6 GiB budget" in line)
+    assert "| 4.60 | 6.01 | 1.31x |" in cap and "PASS" in cap
+    # every row has as many cells as its header
+    for i, line in enumerate(lines):
+        if line.startswith("| case"):
+            width = line.count(" | ")
+            j = i + 2
+            while j < len(lines) and lines[j].startswith("|"):
+                assert lines[j].count(" | ") - lines[j].count("\\|") == width, lines[j]
+                j += 1
+
+
+def test_profiles_name_every_script(suite: Any) -> None:
+    for profile in ("full", "quick"):
+        scripts = [job.script for job in suite.PROFILES[profile]]
+        assert sorted(scripts) == sorted(suite.CASES)
+        for script in scripts:
+            assert (BENCH / script).is_file()
