@@ -202,6 +202,7 @@ def test_profile_compare_fp32_adds_speedups(tiny_gat: Path) -> None:
         (["--epochs", "0"], "--epochs must be >= 1"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--trace", "/nonexistent/dir/t.json"], "does not exist"),
+        (["--set", "distributed.world_size=2"], "qtrain profile runs one process"),
     ],
 )
 def test_profile_bad_options_are_one_line(tiny_gat: Path, args: list[str], message: str) -> None:

@@ -48,6 +48,13 @@ def profile_run(
     """Profile ``recipe`` (and its baseline), writing ``profile.json`` and ``profile.png``
     to a new run directory ``<output.dir>/<name>-profile-<time>``."""
     check_options(epochs, warmup, compare)
+    if recipe.distributed.world_size > 1:
+        raise QtrainError(
+            f"qtrain profile runs one process, but distributed.world_size = "
+            f"{recipe.distributed.world_size}; profile with --set distributed.world_size=1 "
+            "(a distributed run's summary splits its time into communication, quantization "
+            "and computation)"
+        )
     if trace is not None and not trace.parent.is_dir():
         raise QtrainError(f"--trace {trace}: the folder {trace.parent} does not exist")
     path = create_run_dir(recipe.output.dir, f"{recipe.name}-profile")
