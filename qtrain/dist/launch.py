@@ -273,7 +273,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
                     model, graph, part, messenger, adaptive=adaptive, overlap=cfg.overlap, **kwargs
                 )
 
-            return _run(
+            summary = _run(
                 recipe,
                 dataset,
                 graph,
@@ -283,5 +283,9 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
                 run=run,
                 make_trainer=make_trainer,
             )
+        # nobody tears its connections down while a peer still uses them: a worker
+        # whose peer closed first could abort in gloo's threads on the way out
+        dist.barrier()
+        return summary
     finally:
         dist.destroy_process_group()
