@@ -36,8 +36,7 @@ def quantize_rows(
     Returns ``(packed uint8 [ceil(rows*width*bits/8)], zero bf16 [rows], range bf16 [rows])``.
     """
     bits = ref.check_pack_bits(bits)
-    if rounding not in ref.ROUNDINGS:
-        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    ref.check_rounding(rounding)
     seed = normalize_seed(seed)
     check_counter_range(x.numel(), offset)
     chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
@@ -84,8 +83,7 @@ def project_quantize_rows(
     columns by the Rademacher matrix at ``projection_offset``, then quantized (rounding
     draws at ``offset``)."""
     bits = ref.check_pack_bits(bits)
-    if rounding not in ref.ROUNDINGS:
-        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    ref.check_rounding(rounding)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     seed = normalize_seed(seed)

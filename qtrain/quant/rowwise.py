@@ -43,6 +43,13 @@ def check_pack_bits(bits: object) -> int:
     return bits
 
 
+def check_rounding(rounding: object) -> str:
+    """Return ``rounding`` if it is 'stochastic' or 'nearest', else raise ValueError naming them."""
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    return str(rounding)
+
+
 def packed_size(n: int, bits: int) -> int:
     """Bytes that ``n`` values of ``bits`` bits take when packed."""
     return (n * check_pack_bits(bits) + 7) // 8
@@ -144,8 +151,7 @@ def quantize_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize each row of float32 ``x [rows, width]``: ``(packed uint8, zero bf16, range bf16)``."""
     bits = check_pack_bits(bits)
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
+    check_rounding(rounding)
     x = _as_rows(x)
     seed = normalize_seed(seed)
     check_counter_range(x.numel(), offset)
