@@ -22,8 +22,6 @@ mean-like ones (SAGE's mean, GAT's attention as its average).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 from typing import Any
 
@@ -225,8 +223,8 @@ class AdaptiveBits:
                     gamma=np.array([gamma[s, (s + i) % world] for s in range(world)]),
                     lam=self.lam,
                 )
-                with contextlib.redirect_stdout(io.StringIO()):
-                    solution = assign_bits(problem, time_limit=SOLVER_TIME_LIMIT_S)
+                # HiGHS may print to file descriptor 1: the CLI points it at stderr
+                solution = assign_bits(problem, time_limit=SOLVER_TIME_LIMIT_S)
                 seconds += solution.solve_seconds
                 at = 0
                 for s, p, group_ids, groups in members:

@@ -109,8 +109,6 @@ class ExchangeStats:
     quant_seconds: float = 0.0
     exchanges: int = 0
     bits_histogram: dict[str, dict[int, int]] = field(default_factory=dict)  # layer -> bits -> rows
-    # per peer: (bits sent, seconds of that ring round), for the cost model
-    pair_samples: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     # (exchange, peer) -> range (max - min) of each row last sent there, when tracing
     ranges: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
     dims: dict[str, int] = field(default_factory=dict)  # exchange -> values per row
@@ -190,7 +188,6 @@ class Messenger:
         self.stats.quant_seconds += posted - start
         for i in range(1, world):  # ring rounds
             to, source = (rank + i) % world, (rank - i) % world
-            round_start = time.perf_counter()
             requests = []
             if chunks[to].numel():
                 requests.append(dist.isend(chunks[to], to, group=self.group))
@@ -201,10 +198,6 @@ class Messenger:
                 continue
             for request in requests:
                 request.wait()
-            seconds = time.perf_counter() - round_start
-            self.stats.pair_samples.setdefault(to, []).append(
-                (8 * int(chunks[to].numel()), seconds)
-            )
         self.stats.comm_seconds += time.perf_counter() - posted
         self.stats.bytes_sent += sum(int(c.numel()) for c in chunks)
         self.stats.exchanges += 1
