@@ -6,7 +6,7 @@ DEPS   := $(VENV)/.stamp-deps
 BUILT  := $(VENV)/.stamp-build
 EXT_SOURCES := $(wildcard ext/*.cpp ext/*.h ext/*.cu ext/*.cuh) setup.py pyproject.toml
 
-.PHONY: setup build run test test-fast lint doctor bench bench-quick clean
+.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check clean
 
 setup: $(BUILT)
 
@@ -35,8 +35,8 @@ test-fast: $(BUILT)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(DEPS)
-	$(BIN)/ruff check qtrain plugins tests bench setup.py
-	$(BIN)/ruff format --check qtrain plugins tests bench setup.py
+	$(BIN)/ruff check qtrain plugins tests bench setup.py ext/cuda_check.py
+	$(BIN)/ruff format --check qtrain plugins tests bench setup.py ext/cuda_check.py
 
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor
@@ -48,6 +48,10 @@ bench: $(BUILT)
 # the same cases, one size each and fewer repetitions (under 5 minutes on 2 cores)
 bench-quick: $(BUILT)
 	$(BIN)/python bench/suite.py --quick
+
+# every CUDA source compiled by nvcc for sm_80 and sm_90, no GPU or CUDA torch needed
+cuda-check: $(DEPS)
+	$(BIN)/python ext/cuda_check.py
 
 clean:
 	rm -rf build qtrain/*.so $(BUILT)

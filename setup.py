@@ -13,6 +13,10 @@ Build in place with ``pip install --no-build-isolation --no-deps -e .`` (what
 
 * ``QTRAIN_EXT_JOBS`` or ``MAX_JOBS``: parallel compile jobs (ninja).
 * ``QTRAIN_BUILD_CUDA``: ``auto`` (default), ``0`` (never), ``1`` (fail if impossible).
+* ``TORCH_CUDA_ARCH_LIST``: GPU architectures (default ``8.0;9.0+PTX``).
+
+Without a GPU build of torch, ``make cuda-check`` (``ext/cuda_check.py``) still
+compiles every CUDA source, without linking.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 EXT_DIR = "ext"
+CUDA_ARCHS = "8.0;9.0+PTX"  # ext/cuda_check.py compiles the same two (make cuda-check)
 
 try:
     import torch
@@ -113,12 +118,15 @@ def _cuda_extension() -> object | None:
         _log(f"qtrain._ext_cuda skipped: {reason}")
         return None
     host = glob.glob(os.path.join(ROOT, EXT_DIR, "*_cuda.cpp"))
+    # sm_80 (A100) and sm_90 (H100 / H200) native, PTX for newer GPUs; a user's own list wins
+    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCHS)
+    _log(f"qtrain._ext_cuda for TORCH_CUDA_ARCH_LIST={archs}")
     return cpp_extension.CUDAExtension(
         name="qtrain._ext_cuda",
         sources=_rel(cu + host),
         include_dirs=[os.path.join(ROOT, EXT_DIR)],
         extra_compile_args={
-            "cxx": ["-O3", "-ffp-contract=off"],
+            "cxx": ["-O3", "-ffp-contract=off", f'-DQTRAIN_CUDA_ARCHS="{archs}"'],
             # no FMA contraction on device either, so CUDA results match the reference
             "nvcc": ["-O3", "--fmad=false", "-lineinfo"],
         },
