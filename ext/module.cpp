@@ -70,6 +70,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Returns (q int8 of x's shape, scale float32 0-d); x ~ q * scale. Stochastic\n"
         "rounding draws u_i from counter_uniform(numel, seed, offset). Bit-identical to\n"
         "qtrain.quant.quantize_symmetric for any thread count.");
+  m.def("keep_mask_rows", &qtrain::keep_mask_rows, py::arg("ids"), py::arg("width"),
+        py::arg("threshold"), py::arg("seed") = 0, py::call_guard<py::gil_scoped_release>(),
+        "Dropout keep-mask of a [rows, width] tensor keyed by global row ids (int64 [rows]):\n"
+        "element (r, j) is kept when (hash(seed, ids[r] * width + j) >> 8) >= threshold\n"
+        "(0..2^24). Packed 1 bit per element, row-major, little-endian (pack_bits layout).");
   m.def("counter_uniform", &qtrain::counter_uniform, py::arg("n"), py::arg("seed") = 0,
         py::arg("offset") = 0, py::call_guard<py::gil_scoped_release>(),
         "n float32 uniforms in [0, 1); element i depends only on (seed, offset + i).");

@@ -69,4 +69,8 @@ at::Tensor masked_scale(const at::Tensor& grad, const at::Tensor& packed, double
 // -fl32(1/sqrt(k)) when the counter hash at offset + i has its top bit set, else +.
 at::Tensor rademacher(int64_t d, int64_t k, uint64_t seed, int64_t offset);
 
+// Dropout keep-mask of a [rows, width] tensor keyed by global row ids (int64 [rows]): element
+// (r, j) kept when (hash(seed, ids[r] * width + j) >> 8) >= threshold; packed 1 bit per element.
+at::Tensor keep_mask_rows(const at::Tensor& ids, int64_t width, int64_t threshold, uint64_t seed);
+
 }  // namespace qtrain

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from qtrain._compat import import_dgl
 from qtrain.config import option
 from qtrain.models.base import GNNModel
+from qtrain.models.dropout import NodeDropout
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class GCN(GNNModel):
                 GraphConv(dims[i], dims[i + 1], norm="both", allow_zero_in_degree=True)
             )
         self._dims = dims[1:]
-        self.dropout = nn.Dropout(options.dropout)
-        self.input_dropout = nn.Dropout(options.input_dropout)
+        self.dropout = NodeDropout(options.dropout)
+        self.input_dropout = NodeDropout(options.input_dropout)
         self.register_buffer("deg_out", None, persistent=False)
         self.register_buffer("deg_in", None, persistent=False)
 
@@ -74,7 +74,7 @@ class GCN(GNNModel):
         return list(self._dims)
 
     def layer_step(self, i: int, graph: Any, h: torch.Tensor) -> torch.Tensor:
-        h = self.input_dropout(h) if i == 0 else self.dropout(h)
+        h = self.input_dropout(h, graph) if i == 0 else self.dropout(h, graph)
         weight = self.block_weights(graph) if graph.is_block else None
         h = self.layers[i](graph, h, edge_weight=weight)
         return F.relu(h) if i < len(self.layers) - 1 else h

@@ -7,11 +7,11 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from qtrain._compat import import_dgl
 from qtrain.config import option
 from qtrain.models.base import GNNModel
+from qtrain.models.dropout import NodeDropout
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,13 @@ class SAGE(GNNModel):
         for i in range(options.layers):
             self.layers.append(SAGEConv(dims[i], dims[i + 1], options.aggregator))
         self._dims = dims[1:]
-        self.dropout = nn.Dropout(options.dropout)
-        self.input_dropout = nn.Dropout(options.input_dropout)
+        self.dropout = NodeDropout(options.dropout)
+        self.input_dropout = NodeDropout(options.input_dropout)
 
     def layer_dims(self) -> list[int]:
         return list(self._dims)
 
     def layer_step(self, i: int, graph: object, h: torch.Tensor) -> torch.Tensor:
-        h = self.input_dropout(h) if i == 0 else self.dropout(h)
+        h = self.input_dropout(h, graph) if i == 0 else self.dropout(h, graph)
         h = self.layers[i](graph, h)
         return F.relu(h) if i < len(self.layers) - 1 else h

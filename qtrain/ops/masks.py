@@ -10,11 +10,17 @@ could flip which elements pass.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from qtrain.ops import compress
+from qtrain import backends
+from qtrain.ops import compress, dispatch
+from qtrain.quant import rowwise
+from qtrain.quant.rng import counter_bits_at, normalize_seed
+
+KEEP_MASK_KERNELS: tuple[str, ...] = ("ext-cpu",)
 
 
 class MaskedReLU(torch.autograd.Function):
@@ -78,3 +84,88 @@ def dropout(x: torch.Tensor, p: float, backend: str = "auto") -> torch.Tensor:
     if p >= 1.0:
         return x * 0.0
     return MaskedDropout.apply(x, p, backend)
+
+
+# ---------------------------------------------------------------- dropout keyed by row id
+
+
+def keep_threshold(p: float) -> int:
+    """The 24-bit threshold of drop probability ``p``: an element is kept when its
+    24 random bits are >= ceil(p * 2^24), so it is kept with probability 1 - p
+    (to 2^-24)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    return math.ceil(p * 2**24)
+
+
+def reference_keep_mask(ids: torch.Tensor, width: int, threshold: int, seed: int) -> torch.Tensor:
+    """Bool ``[rows, width]``: element (r, j) kept when the hash at counter
+    ``ids[r] * width + j`` has its top 24 bits >= ``threshold``."""
+    counters = ids.to(torch.int64)[:, None] * width + torch.arange(width, dtype=torch.int64)
+    return (counter_bits_at(counters.reshape(-1), seed) >> 8).reshape(counters.shape) >= threshold
+
+
+def keep_mask(
+    ids: torch.Tensor, width: int, p: float, seed: int, backend: str = "auto"
+) -> torch.Tensor:
+    """The packed (1 bit per element) keep-mask of a ``[len(ids), width]`` tensor whose
+    row r belongs to global id ``ids[r]``: a pure function of (seed, id, column)."""
+    if ids.dtype != torch.int64 or ids.dim() != 1:
+        raise TypeError(f"ids must be a 1-d int64 tensor, got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and int(ids.min()) < 0:
+        raise ValueError("ids must be >= 0")
+    threshold, seed = keep_threshold(p), normalize_seed(seed)
+    chosen = dispatch.resolve("dropout-mask", ids, backend, kernels=KEEP_MASK_KERNELS)
+    with dispatch.call("dropout-mask", chosen):
+        if chosen == "ext-cpu":
+            return backends.ext_cpu().keep_mask_rows(ids, int(width), threshold, seed)
+        mask = reference_keep_mask(ids, int(width), threshold, seed)
+        return rowwise.pack_bits(mask.reshape(-1), 1)
+
+
+class KeyedDropout(torch.autograd.Function):
+    """Inverted dropout whose mask is :func:`keep_mask` of the rows' global ids.
+
+    It saves the packed mask (1 bit per element) and nothing else; forward and
+    backward are the same masked scale.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, ids: torch.Tensor, p: float, seed: int, backend: str
+    ) -> torch.Tensor:  # type: ignore[override]
+        width = x[0].numel() if x.shape[0] else 0
+        packed = keep_mask(ids.to(torch.int64).cpu(), width, p, seed, backend).to(x.device)
+        scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(packed)
+        ctx.scale, ctx.backend = scale, backend
+        return _masked_scale(x, packed, scale, backend)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        (packed,) = ctx.saved_tensors
+        return _masked_scale(grad, packed, ctx.scale, ctx.backend), None, None, None, None
+
+
+def _masked_scale(
+    x: torch.Tensor, packed: torch.Tensor, scale: float, backend: str
+) -> torch.Tensor:
+    """``x * scale`` where the mask is set, else 0; float32 through the kernels, other
+    dtypes (autocast) through torch in their own precision."""
+    if x.dtype == torch.float32:
+        return compress.masked_scale(x.contiguous(), packed, scale, backend)
+    mask = compress.unpack_mask(packed, x.numel(), backend).reshape(x.shape)
+    return torch.where(mask, x * scale, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def keyed_dropout(
+    x: torch.Tensor, ids: torch.Tensor, p: float, seed: int, backend: str = "auto"
+) -> torch.Tensor:
+    """Training-mode dropout of ``x [rows, ...]`` keyed by the rows' global ``ids``."""
+    if ids.shape != (x.shape[0],):
+        raise ValueError(f"ids must have shape ({x.shape[0]},), got {tuple(ids.shape)}")
+    if p >= 1.0:
+        return x * 0.0
+    if p <= 0.0:
+        return x
+    return KeyedDropout.apply(x, ids, float(p), int(seed), backend)

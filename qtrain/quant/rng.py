@@ -88,16 +88,24 @@ def counter_bits(
 ) -> torch.Tensor:
     """The 32-bit hashes h_i (int64 tensor of values in [0, 2^32)) for counters offset + i."""
     check_counter_range(n, offset)
-    n, offset = int(n), int(offset)
+    return counter_bits_at(torch.arange(int(n), dtype=torch.int64, device=device) + int(offset), seed)
+
+
+def counter_bits_at(counters: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """The 32-bit hashes (int64 values in [0, 2^32)) at arbitrary int64 ``counters`` >= 0."""
+    if counters.dtype != torch.int64:
+        raise TypeError(f"counters must be int64, got {counters.dtype}")
     k1, k2 = seed_keys(seed)
-    c = torch.arange(n, dtype=torch.int64, device=device) + offset
-    lo = c & MASK32
-    if n == 0:
+    lo = counters & MASK32
+    if counters.numel() == 0:
         return lo
     # the high word takes few distinct values (one per 2^32 counters): hash a table of them
-    hi_first, hi_last = offset >> 32, (offset + n - 1) >> 32
-    hi_keys = hash32(torch.arange(hi_first, hi_last + 1, dtype=torch.int64, device=device) ^ k2)
-    kh = hi_keys[(c >> 32) - hi_first] if hi_last > hi_first else hi_keys[0]
+    hi = counters >> 32
+    hi_first, hi_last = int(hi.min()), int(hi.max())
+    hi_keys = hash32(
+        torch.arange(hi_first, hi_last + 1, dtype=torch.int64, device=counters.device) ^ k2
+    )
+    kh = hi_keys[hi - hi_first] if hi_last > hi_first else hi_keys[0]
     return hash32(hash32(lo ^ k1) ^ kh)
 
 

@@ -1,0 +1,96 @@
+"""Dropout keyed by global node id: the mask kernel against its reference, and the module."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ext_or_skip
+
+from qtrain._compat import import_dgl
+from qtrain.models.dropout import NodeDropout, row_ids
+from qtrain.ops import masks
+from qtrain.quant import rowwise
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 8, 13, 64, 129])
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_keep_mask_kernel_equals_reference(width: int, p: float) -> None:
+    ext_or_skip()
+    ids = torch.randperm(5000)[:333]
+    want = masks.keep_mask(ids, width, p, seed=11, backend="reference")
+    got = masks.keep_mask(ids, width, p, seed=11, backend="ext-cpu")
+    assert torch.equal(got, want)
+    kept = rowwise.unpack_bits(got, 1, ids.numel() * width).float()
+    if width >= 64 and 0.0 < p < 1.0:
+        assert kept.mean().item() == pytest.approx(1.0 - p, abs=0.02)
+    if p == 0.0:
+        assert bool(kept.all())
+    if p == 1.0:
+        assert not bool(kept.any())
+
+
+def test_keep_mask_edges_threads_and_counters_past_2_32(threads: None) -> None:
+    ext_or_skip()
+    assert masks.keep_mask(torch.empty(0, dtype=torch.int64), 7, 0.5, 1).numel() == 0
+    # ids * width crosses 2^32 inside a row, and on a row boundary
+    width = 100
+    ids = torch.tensor([2**32 // width - 1, 2**32 // width, 3, 2**40], dtype=torch.int64)
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        got = masks.keep_mask(ids, width, 0.3, 5, backend="ext-cpu")
+        assert torch.equal(got, masks.keep_mask(ids, width, 0.3, 5, backend="reference"))
+    big = torch.randperm(200_000)  # several threads' byte ranges, odd width
+    torch.set_num_threads(2)
+    got = masks.keep_mask(big, 3, 0.5, 9, backend="ext-cpu")
+    assert torch.equal(got, masks.keep_mask(big, 3, 0.5, 9, backend="reference"))
+
+
+def test_a_rows_mask_depends_only_on_its_id() -> None:
+    ids = torch.tensor([7, 3, 9, 3])
+    mask = rowwise.unpack_bits(masks.keep_mask(ids, 40, 0.5, 2), 1, 160).reshape(4, 40)
+    assert torch.equal(mask[1], mask[3])
+    alone = rowwise.unpack_bits(masks.keep_mask(ids[2:3], 40, 0.5, 2), 1, 40)
+    assert torch.equal(alone, mask[2])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        masks.keep_mask(ids, 4, 1.5, 0)
+    with pytest.raises(TypeError, match="int64"):
+        masks.keep_mask(ids.int(), 4, 0.5, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        masks.keep_mask(torch.tensor([-1]), 4, 0.5, 0)
+
+
+def test_keyed_dropout_scales_kept_elements_and_saves_one_bit() -> None:
+    x = torch.randn(50, 6, requires_grad=True)
+    ids = torch.arange(50) * 3
+    y = masks.keyed_dropout(x, ids, 0.25, seed=4)
+    kept = rowwise.unpack_bits(masks.keep_mask(ids, 6, 0.25, 4), 1, 300).reshape(50, 6).bool()
+    scale = torch.tensor(1 / 0.75, dtype=torch.float32)
+    assert torch.equal(y, torch.where(kept, x * scale, torch.zeros(())))
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, torch.where(kept, scale, torch.zeros(())).expand(50, 6))
+    assert torch.equal(masks.keyed_dropout(x, ids, 0.0, 1), x)
+    assert not masks.keyed_dropout(x, ids, 1.0, 1).any()
+    with pytest.raises(ValueError, match="shape"):
+        masks.keyed_dropout(x, ids[:3], 0.5, 1)
+
+
+def test_node_dropout_draws_per_node_and_step() -> None:
+    dgl = import_dgl()
+    torch.manual_seed(0)
+    drop = NodeDropout(0.5)
+    g = dgl.graph(([0, 1, 2, 3], [1, 2, 3, 4]), num_nodes=6)
+    h = torch.ones(6, 8)
+    torch.manual_seed(0)
+    same = NodeDropout(0.5)
+    whole = drop(h, g)
+    # a subgraph holding nodes 4, 1, 5 draws their rows of the whole graph's mask
+    sub = dgl.node_subgraph(g, torch.tensor([4, 1, 5]))
+    part = same(h[[4, 1, 5]], sub)
+    assert torch.equal(part, whole[[4, 1, 5]])
+    assert not torch.equal(drop(h, g), whole)  # the next step draws a new mask
+    drop.eval()
+    assert drop(h, g) is h
+    block = dgl.to_block(g, torch.tensor([1, 2]))
+    assert torch.equal(row_ids(block, block.num_dst_nodes(), h.device), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="rows"):
+        row_ids(g, 5, h.device)
