@@ -151,9 +151,10 @@ def test_messages_round_trip_within_one_level(bits: int, shape: tuple[int, int])
 def test_bit_plan_groups_rows_by_width() -> None:
     plan = BitPlan([torch.tensor([8, 2, 8, 32]), torch.empty(0, dtype=torch.int64)])
     segments = plan.segments(0)
-    assert [b for b, _ in segments] == [2, 8, 32]
-    assert [w.tolist() for _, w in segments] == [[1], [0, 2], [3]]
+    assert [b for b, _ in segments] == [32, 8, 2]  # float32 rows first: they decode as a view
+    assert [w.tolist() for _, w in segments] == [[3], [0, 2], [1]]
     assert plan.segments(1) == []
+    assert BitPlan.uniform([3], 4).segments(0) == [(4, None)]  # one width: no gather
     assert [t.tolist() for t in BitPlan.uniform([2, 0], 4).per_peer] == [[4, 4], []]
 
 

@@ -128,18 +128,16 @@ class AdaptiveBits:
         self.lam, self.group_size, self.period = lam, group_size, period
         self.links = calibrate_links(part.world_size, part.rank)
         self._plans: dict[tuple[int, str], tuple[BitPlan, BitPlan]] = {}
+        self._start = (  # every exchange until the first assignment
+            BitPlan.uniform(part.send_counts, START_BITS),
+            BitPlan.uniform(part.recv_counts, START_BITS),
+        )
         self.solve_seconds = 0.0
         self.assignments = 0
 
     def plan(self, layer: int, direction: str) -> tuple[BitPlan, BitPlan]:
         """(bits of the forward-sent rows, bits of the forward-received rows) of an exchange."""
-        found = self._plans.get((layer, direction))
-        if found is not None:
-            return found
-        return (
-            BitPlan.uniform(self.part.send_counts, START_BITS),
-            BitPlan.uniform(self.part.recv_counts, START_BITS),
-        )
+        return self._plans.get((layer, direction), self._start)
 
     def due(self, epoch: int) -> bool:
         """Whether to reassign before 1-based ``epoch`` (statistics exist from epoch 2 on)."""

@@ -32,6 +32,9 @@ from qtrain.ops import compress
 from qtrain.quant.rng import normalize_seed
 
 MESSAGE_BITS = (2, 4, 8, 32)
+# segment order inside a message: float32 rows first, so they start at byte 0 of the
+# received buffer and decode as a view of it, with no copy
+SEGMENT_ORDER = (32, 8, 4, 2)
 
 
 def message_bytes(rows: int, dim: int, bits: int) -> int:
@@ -60,7 +63,9 @@ def decode(buf: torch.Tensor, rows: int, dim: int, bits: int) -> torch.Tensor:
         return torch.empty(0, dim, dtype=torch.float32)
     # segments start at any byte of the received buffer: copy before viewing wider types
     if bits == 32:
-        return buf.clone().view(torch.float32).reshape(rows, dim)
+        if buf.data_ptr() % 4:  # views of wider types need aligned storage
+            buf = buf.clone()
+        return buf.view(torch.float32).reshape(rows, dim)
     n_packed = (rows * dim * bits + 7) // 8
     zero = buf[n_packed : n_packed + 2 * rows].clone().view(torch.bfloat16)
     rng = buf[n_packed + 2 * rows : n_packed + 4 * rows].clone().view(torch.bfloat16)
@@ -72,19 +77,31 @@ class BitPlan:
     """Bits per message row, per peer, for one layer and direction (sender's row order)."""
 
     per_peer: list[torch.Tensor]  # int64 bits of each row sent to (or received from) the peer
+    _segments: dict[int, list[tuple[int, torch.Tensor | None]]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @staticmethod
     def uniform(counts: list[int], bits: int) -> BitPlan:
         return BitPlan([torch.full((n,), bits, dtype=torch.int64) for n in counts])
 
-    def segments(self, peer: int) -> list[tuple[int, torch.Tensor]]:
-        """``(bits, row positions)`` of each non-empty segment of the message to ``peer``."""
-        bits = self.per_peer[peer]
-        return [
-            (b, torch.nonzero(bits == b, as_tuple=False).squeeze(1))
-            for b in MESSAGE_BITS
-            if bool((bits == b).any())
-        ]
+    def segments(self, peer: int) -> list[tuple[int, torch.Tensor | None]]:
+        """``(bits, row positions)`` of each non-empty segment of the message to ``peer``;
+        positions are None when one segment holds every row in order (no gather needed).
+        A plan is used for many exchanges, so the segments are computed once."""
+        if peer not in self._segments:
+            bits = self.per_peer[peer]
+            found = [
+                (b, torch.nonzero(bits == b, as_tuple=False).squeeze(1))
+                for b in SEGMENT_ORDER
+                if bool((bits == b).any())
+            ]
+            whole = len(found) == 1
+            self._segments[peer] = [(b, None if whole else where) for b, where in found]
+        return self._segments[peer]
+
+    def rows(self, peer: int) -> int:
+        return int(self.per_peer[peer].numel())
 
 
 @dataclass
@@ -168,15 +185,20 @@ class Messenger:
                 rows = outgoing[p]
                 self.stats.ranges[(layer, p)] = (rows.amax(1) - rows.amin(1)).float().cpu()
             for bits, where in send_plan.segments(p) if p != rank else []:
-                rows = outgoing[p][where]
+                rows = outgoing[p] if where is None else outgoing[p][where]
                 pieces.append(encode(rows, bits, self.seed, self._offset))
                 self._offset += rows.numel()
                 hist = self.stats.bits_histogram.setdefault(layer, {})
-                hist[bits] = hist.get(bits, 0) + int(where.numel())
-            chunks.append(torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8))
+                hist[bits] = hist.get(bits, 0) + int(rows.shape[0])
+            if len(pieces) == 1:
+                chunks.append(pieces[0])
+            else:
+                chunks.append(torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8))
         received = [
             torch.empty(
-                sum(message_bytes(int(w.numel()), dim, b) for b, w in recv_plan.segments(p))
+                sum(
+                    message_bytes(_count(w, recv_plan, p), dim, b) for b, w in recv_plan.segments(p)
+                )
                 if p != rank
                 else 0,
                 dtype=torch.uint8,
@@ -212,13 +234,19 @@ class Messenger:
         rank = self.part.rank
         out = []
         for p in range(self.part.world_size):
+            segments = pending.recv_plan.segments(p) if p != rank else []
+            if len(segments) == 1 and segments[0][1] is None:  # one width: decode in place
+                bits = segments[0][0]
+                out.append(
+                    decode(pending.received[p], pending.incoming_counts[p], pending.dim, bits)
+                )
+                continue
             rows = torch.empty(pending.incoming_counts[p], pending.dim, dtype=torch.float32)
             at = 0
-            for bits, where in pending.recv_plan.segments(p) if p != rank else []:
-                size = message_bytes(int(where.numel()), pending.dim, bits)
-                rows[where] = decode(
-                    pending.received[p][at : at + size], int(where.numel()), pending.dim, bits
-                )
+            for bits, where in segments:
+                n = _count(where, pending.recv_plan, p)
+                size = message_bytes(n, pending.dim, bits)
+                rows[where] = decode(pending.received[p][at : at + size], n, pending.dim, bits)
                 at += size
             out.append(rows)
         self.stats.comm_seconds += waited - start
@@ -276,6 +304,11 @@ class Messenger:
             if rows.shape[0]:
                 grad.index_add_(0, part.send_index[p], rows)
         return grad.reshape(owned_shape).to(grad_halo.dtype)
+
+
+def _count(where: torch.Tensor | None, plan: BitPlan, peer: int) -> int:
+    """Rows of a segment: its positions, or all of the peer's rows (None)."""
+    return plan.rows(peer) if where is None else int(where.numel())
 
 
 class HaloExchange(torch.autograd.Function):
