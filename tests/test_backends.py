@@ -184,7 +184,7 @@ def test_counter_snapshot_is_a_copy() -> None:
 def test_ops_package_exports() -> None:
     import qtrain.ops as ops
 
-    assert QUANTIZE_KERNELS == ("ext-cpu",)
+    assert QUANTIZE_KERNELS == ("ext-cpu", "ext-cuda")
     # the package attribute is the function (it shadows the submodule of the same name)
     assert ops.quantize is quantize and ops.dequantize is dequantize
     assert ops.COUNTER is dispatch.COUNTER and ops.BACKENDS == dispatch.BACKENDS

@@ -20,7 +20,7 @@ from qtrain.quant import rowwise as ref
 from qtrain.quant.rng import check_counter_range, normalize_seed
 
 # compiled backends implementing each primitive
-COMPRESS_KERNELS: tuple[str, ...] = ("ext-cpu",)
+COMPRESS_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
 
 
 def quantize_rows(
@@ -45,6 +45,10 @@ def quantize_rows(
             out = backends.ext_cpu().quantize_rows(
                 x, bits, rounding == "stochastic", seed, int(offset)
             )
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().quantize_rows(
+                x, bits, rounding == "stochastic", seed, int(offset)
+            )
         else:
             out = ref.quantize_rows(x, bits, rounding, seed, offset)
     return out
@@ -64,6 +68,8 @@ def dequantize_rows(
     with dispatch.call("decompress", chosen):
         if chosen == "ext-cpu":
             out = backends.ext_cpu().dequantize_rows(packed, zero, rng, bits, int(width))
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().dequantize_rows(packed, zero, rng, bits, int(width))
         else:
             out = ref.dequantize_rows(packed, zero, rng, bits, width)
     return out
@@ -93,6 +99,10 @@ def project_quantize_rows(
     with dispatch.call("project+compress", chosen):
         if chosen == "ext-cpu":
             out = backends.ext_cpu().project_quantize_rows(
+                x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
+            )
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().project_quantize_rows(
                 x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
             )
         else:
@@ -125,6 +135,10 @@ def dequantize_unproject_rows(
             out = backends.ext_cpu().dequantize_unproject_rows(
                 packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
             )
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().dequantize_unproject_rows(
+                packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
+            )
         else:
             y = ref.dequantize_rows(packed, zero, rng, bits, k)
             out = projection.unproject_rows(y, d, seed, projection_offset)
@@ -137,6 +151,8 @@ def pack_mask(mask: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     with dispatch.call("pack", chosen):
         if chosen == "ext-cpu":
             out = backends.ext_cpu().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
         else:
             out = ref.pack_bits(mask, 1)
     return out
@@ -148,6 +164,8 @@ def unpack_mask(packed: torch.Tensor, n: int, backend: str = "auto") -> torch.Te
     with dispatch.call("unpack", chosen):
         if chosen == "ext-cpu":
             out = backends.ext_cpu().unpack_bits(packed, 1, int(n))
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().unpack_bits(packed, 1, int(n))
         else:
             out = ref.unpack_bits(packed, 1, n)
     return out.view(torch.bool)
@@ -161,20 +179,33 @@ def masked_scale(
     with dispatch.call("unpack", chosen):
         if chosen == "ext-cpu":
             out = backends.ext_cpu().masked_scale(grad, packed, float(scale))
+        elif chosen == "ext-cuda":
+            out = backends.ext_cuda().masked_scale(grad, packed, float(scale))
         else:
             out = ref.masked_scale(grad, packed, scale)
     return out
 
 
 def rademacher(
-    d: int, k: int, seed: int = 0, offset: int = 0, backend: str = "auto"
+    d: int,
+    k: int,
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The float32 ``[d, k]`` normalized Rademacher matrix (see :mod:`qtrain.quant.projection`)."""
-    probe = torch.empty(0)
+    """The float32 ``[d, k]`` normalized Rademacher matrix (see :mod:`qtrain.quant.projection`),
+    on ``device`` (the CPU by default)."""
+    probe = torch.empty(0, device=device)
     chosen = dispatch.resolve("rademacher", probe, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("rademacher", chosen):
         if chosen == "ext-cpu":
             out = backends.ext_cpu().rademacher(int(d), int(k), normalize_seed(seed), int(offset))
+        elif chosen == "ext-cuda":
+            with torch.cuda.device(probe.device):  # the kernel allocates on the current device
+                out = backends.ext_cuda().rademacher(
+                    int(d), int(k), normalize_seed(seed), int(offset)
+                )
         else:
-            out = projection.rademacher(d, k, seed, offset)
+            out = projection.rademacher(d, k, seed, offset).to(probe.device)
     return out

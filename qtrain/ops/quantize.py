@@ -13,7 +13,7 @@ from qtrain.ops import dispatch
 from qtrain.quant import quantize as ref
 from qtrain.quant.rng import check_counter_range, normalize_seed
 
-QUANTIZE_KERNELS = ("ext-cpu",)
+QUANTIZE_KERNELS = ("ext-cpu", "ext-cuda")
 
 
 def quantize(
@@ -28,7 +28,7 @@ def quantize(
 
     ``x`` of any floating dtype is taken as float32. ``backend`` is "auto"
     (the compiled kernel for x's device when built, else the reference with
-    the fallback recorded), "reference" or "ext-cpu".
+    the fallback recorded), "reference", "ext-cpu" or "ext-cuda".
     """
     bits = ref.check_bits(bits)
     rounding = ref.check_rounding(rounding)
@@ -39,6 +39,10 @@ def quantize(
     with dispatch.call("quantize", chosen):
         if chosen == "ext-cpu":
             q, scale = backends.ext_cpu().quantize_symmetric(
+                xf, bits, rounding == "stochastic", seed, int(offset)
+            )
+        elif chosen == "ext-cuda":
+            q, scale = backends.ext_cuda().quantize_symmetric(
                 xf, bits, rounding == "stochastic", seed, int(offset)
             )
         else:

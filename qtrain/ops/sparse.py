@@ -42,8 +42,8 @@ import torch
 from qtrain.ops import dispatch
 from qtrain.ops.gemm import combined_scale
 
-SPMM_KERNELS: tuple[str, ...] = ("ext-cpu",)  # compiled backends implementing qspmm
-SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu",)  # compiled backends implementing qsddmm
+SPMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qspmm
+SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qsddmm
 SDDMM_OPS = ("add", "sub", "mul", "dot")
 
 
@@ -147,6 +147,10 @@ def qspmm(
             from qtrain import backends
 
             out = backends.ext_cpu().qspmm(indptr, indices, q, float(scale), weight, eids)
+        elif chosen == "ext-cuda":
+            from qtrain import backends
+
+            out = backends.ext_cuda().qspmm(indptr, indices, q, float(scale), weight, eids)
         else:
             out = reference_qspmm(indptr, indices, q, scale, weight, eids)
     return out
@@ -220,6 +224,12 @@ def qsddmm(
             from qtrain import backends
 
             out = backends.ext_cpu().qsddmm(
+                op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
+            )
+        elif chosen == "ext-cuda":
+            from qtrain import backends
+
+            out = backends.ext_cuda().qsddmm(
                 op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
             )
         else:

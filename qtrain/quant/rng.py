@@ -88,7 +88,9 @@ def counter_bits(
 ) -> torch.Tensor:
     """The 32-bit hashes h_i (int64 tensor of values in [0, 2^32)) for counters offset + i."""
     check_counter_range(n, offset)
-    return counter_bits_at(torch.arange(int(n), dtype=torch.int64, device=device) + int(offset), seed)
+    return counter_bits_at(
+        torch.arange(int(n), dtype=torch.int64, device=device) + int(offset), seed
+    )
 
 
 def counter_bits_at(counters: torch.Tensor, seed: int = 0) -> torch.Tensor:

@@ -1,0 +1,279 @@
+"""qtrain's CUDA kernels on a lent GPU: build, check and time in one call.
+
+The device tool runs one command of at most ten minutes on a fresh machine, so
+this script does everything in order and writes what it has after each stage:
+
+1. build ``qtrain._ext_cuda`` (``pip install --no-build-isolation --no-deps -e .``
+   with ``QTRAIN_BUILD_CUDA=1``, every core compiling);
+2. check: ``pytest tests/test_cuda_tango.py tests/test_cuda_compress.py`` (each
+   CUDA kernel against its PyTorch reference);
+3. measure the device's memory bandwidth (a large device-to-device copy);
+4. time every kernel against the baselines a GPU user would pick
+   (``bench/gpu_tango.py``: quantize, INT8 GEMM, SpMM, SDDMM; ``bench/gpu_compress.py``:
+   exact's and adaqp's per-row quantization, packing and projection);
+5. time a GCN epoch end to end through the ops with the graph as CSR tensors
+   (``bench/gpu_e2e.py``), against FP32 and bf16 torch;
+
+then prints the issue's bars with PASS / FAIL and writes
+``bench/results/gpu-<device>-<date>.json`` (or ``--json``) with the exact
+command, the device, torch and CUDA versions.
+
+    python bench/gpu.py                 # everything, full sizes
+    python bench/gpu.py --quick         # smaller sizes (a few minutes)
+    python bench/gpu.py --skip-build    # the extension is already built
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from _record import ROOT, git_commit, write_json
+
+STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
+TESTS = ("tests/test_cuda_tango.py", "tests/test_cuda_compress.py")
+
+
+def build(log: Path) -> dict[str, Any]:
+    """Compile the extensions in place; the log keeps the compiler's output."""
+    env = {
+        **os.environ,
+        "QTRAIN_BUILD_CUDA": "1",
+        "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 4)),
+    }
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    log.write_text(done.stdout + done.stderr)
+    return {
+        "command": shlex.join(cmd),
+        "returncode": done.returncode,
+        "seconds": round(time.perf_counter() - start, 1),
+        "log": str(log),
+    }
+
+
+def check() -> dict[str, Any]:
+    """The CUDA tests, with pytest's summary line."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", *TESTS]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    return {
+        "command": shlex.join(cmd),
+        "returncode": done.returncode,
+        "seconds": round(time.perf_counter() - start, 1),
+        "summary": lines[-1] if lines else "",
+        "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))][:50],
+    }
+
+
+def bandwidth_gbps() -> float:
+    """Device memory bandwidth: bytes read + written by a 2 GiB device copy, best of 10."""
+    import torch
+
+    n = 2**29  # float32 elements = 2 GiB
+    src = torch.empty(n, device="cuda")
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 4 / best / 1e9
+
+
+# (bar, kernel cases (name prefixes), baseline names (None: any), metric, at least)
+BARS: tuple[tuple[str, tuple[str, ...], tuple[str, ...] | None, str, float], ...] = (
+    (
+        "INT8 GEMM, quantization included, vs bf16 torch.matmul (M >= 1M, K = N = 256)",
+        ("quantized_gemm",),
+        ("bf16 matmul",),
+        "ratio",
+        1.5,
+    ),
+    (
+        "quantized SpMM vs FP32 torch.sparse / PyG",
+        ("qspmm",),
+        ("torch.sparse.mm csr fp32", "torch_sparse.matmul", "torch_geometric.utils.spmm"),
+        "ratio",
+        1.5,
+    ),
+    ("quantized SpMM, share of memory bandwidth", ("qspmm",), None, "bw_fraction", 0.5),
+    ("quantized SDDMM vs FP32 gather expression", ("qsddmm",), None, "ratio", 1.5),
+    ("quantized SDDMM, share of memory bandwidth", ("qsddmm",), None, "bw_fraction", 0.5),
+    (
+        "exact / adaqp compression kernels, share of memory bandwidth",
+        ("quantize_rows", "dequantize_rows", "pack_bits", "unpack_bits", "masked_scale"),
+        None,
+        "bw_fraction",
+        0.5,
+    ),
+)
+
+
+def _big_gemm(row: dict[str, Any]) -> bool:
+    match = re.search(r"M=(\d+)", str(row.get("shape", "")))
+    return match is not None and int(match.group(1)) >= 2**20
+
+
+def bars(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's speed bars, one verdict per (bar, measured case)."""
+    out = []
+    for bar, cases, baselines, metric, limit in BARS:
+        seen = set()
+        for row in rows:
+            if not str(row.get("case", "")).startswith(cases):
+                continue
+            if baselines is not None and row.get("baseline") not in baselines:
+                continue
+            if cases == ("quantized_gemm",) and not _big_gemm(row):
+                continue
+            key = (
+                row["case"],
+                str(row.get("shape")),
+                row.get("baseline") if metric == "ratio" else None,
+            )
+            value = row.get(metric)
+            if key in seen or value is None:
+                continue
+            seen.add(key)
+            out.append(
+                {
+                    "bar": bar,
+                    "case": f"{row['case']} {row.get('shape')}"
+                    + (f" vs {row.get('baseline')}" if metric == "ratio" else ""),
+                    "value": value,
+                    "limit": limit,
+                    "pass": value >= limit,
+                }
+            )
+    return out
+
+
+def _device() -> dict[str, Any]:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "name": props.name,
+        "capability": f"sm_{props.major}{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    parser.add_argument("--skip-build", action="store_true", help="use the built extension")
+    parser.add_argument("--json", type=Path, default=None, help="where to write the results")
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            f"bench/gpu.py: no CUDA device (torch {torch.__version__}, CUDA {torch.version.cuda}); "
+            "run it on a GPU machine",
+            file=sys.stderr,
+        )
+        return 1
+    device = _device()
+    slug = re.sub(r"[^a-z0-9]+", "-", device["name"].lower()).strip("-")
+    path = args.json or ROOT / "bench" / "results" / f"gpu-{slug}-{dt.date.today()}.json"
+    record: dict[str, Any] = {
+        "command": shlex.join(["python", "bench/gpu.py", *(argv or sys.argv[1:])]),
+        "git_commit": git_commit(),
+        "host": platform.node(),
+        "device": device,
+        "quick": args.quick,
+        "stages": {},
+        "rows": [],
+    }
+    if not args.skip_build:
+        record["stages"]["build"] = build(path.with_suffix(".build.log"))
+        write_json(path, record)
+        if record["stages"]["build"]["returncode"] != 0:
+            print(
+                f"bench/gpu.py: build failed, see {path.with_suffix('.build.log')}", file=sys.stderr
+            )
+            return 1
+    from qtrain import backends
+
+    backends.refresh()
+    if not backends.available("ext-cuda"):
+        print(
+            f"bench/gpu.py: qtrain._ext_cuda unavailable: {backends.error('ext-cuda')}",
+            file=sys.stderr,
+        )
+        return 1
+    record["ext_cuda"] = backends.status()["ext-cuda"]
+    record["stages"]["check"] = check()
+    print(f"check: {record['stages']['check']['summary']}", flush=True)
+    record["bandwidth_gbps"] = bandwidth_gbps()
+    print(
+        f"device {device['name']}: {record['bandwidth_gbps']:.0f} GB/s copy bandwidth", flush=True
+    )
+    write_json(path, record)
+    os.environ["QTRAIN_BENCH_BANDWIDTH_GBPS"] = str(record["bandwidth_gbps"])
+    failed = False
+    for stage in STAGES:
+        start = time.perf_counter()
+        try:
+            rows = importlib.import_module(stage).run(args.quick)
+        except Exception as exc:  # one stage failing must not lose the others' figures
+            failed = True
+            record["stages"][stage] = {
+                "error": f"{type(exc).__name__}: {exc}",
+                "trace": traceback.format_exc(),
+            }
+            print(f"{stage}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        else:
+            record["stages"][stage] = {
+                "seconds": round(time.perf_counter() - start, 1),
+                "rows": len(rows),
+            }
+            for row in rows:
+                row = {"stage": stage, **row}
+                record["rows"].append(row)
+                ratio = (
+                    "" if row.get("ratio") is None else f"{row['ratio']:.2f}x vs {row['baseline']}"
+                )
+                frac = (
+                    ""
+                    if row.get("bw_fraction") is None
+                    else f"  {100 * row['bw_fraction']:.0f}% of bandwidth"
+                )
+                print(f"{row['case']:48} {row['ms']:9.3f} ms  {ratio}{frac}", flush=True)
+        write_json(path, record)
+    record["bars"] = bars(record["rows"])
+    write_json(path, record)
+    print()
+    for b in record["bars"]:
+        print(
+            f"{'PASS' if b['pass'] else 'FAIL'}  {b['bar']} ({b['case']}): {b['value']} (want >= {b['limit']})"
+        )
+    print(f"results: {path}")
+    check_failed = record["stages"]["check"]["returncode"] != 0
+    return 1 if failed or check_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+// Quantized SDDMM on CUDA (tango-sc23 sec. 3.3); the definition is qtrain/ops/sparse.py
+// (reference_qsddmm), the CPU twin sddmm_cpu.cpp. For edge e, i = lhs_index[e],
+// j = rhs_index[e]:
+//
+//   add / sub: out[e] = fl32(q_l[i] * s_l) +/- fl32(q_r[j] * s_r)    dequantized on the fly
+//   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
+//   dot:       out[e, h, 0] = fl32(float(sum_d q_l[i,h,d] * q_r[j,h,d]) * fl32(s_l * s_r))
+//
+// Every output is exact integer arithmetic or the reference's elementwise float32
+// operations, so the result is bit-identical for any launch shape.
+//
+// add / sub / mul: a group of G lanes (a power of two up to a warp, from the row
+// width) per edge, each lane gathering 4 int8 features of both rows with one 32-bit
+// load each and storing a float4. dot: a group of G lanes per (edge, head), each
+// lane multiplying 4 int8 pairs at a time with DP4A (__dp4a: exact int32 dot of four
+// signed bytes) and the group reducing with xor shuffles; int32 is exact while
+// D < 2^17, longer heads sum in int64. Narrow rows (GAT's per-head scalars) get
+// G = 1 or 2: a thread per edge. Out-of-range indices zero the edge's row and raise
+// a flag that the host turns into the CPU op's ValueError.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <string>
+#include <vector>
+
+#include "tango_cuda.cuh"
+
+namespace qtrain {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+enum Op : int { kAdd = 0, kSub = 1, kMul = 2, kDot = 3 };
+
+struct SddmmArgs {
+  const void* li;
+  const void* ri;
+  const int8_t* ql;
+  const int8_t* qr;
+  float* out;
+  int64_t E;
+  int64_t n_l;
+  int64_t n_r;
+  int64_t F;  // H * D
+  int64_t H;
+  int64_t D;
+  float sl;
+  float sr;
+  float both;  // fl32(sl * sr)
+  bool vec;    // 32-bit gathers (and float4 stores for add / sub / mul)
+  int* flag;
+};
+
+template <typename I>
+__device__ __forceinline__ bool edge_rows(const SddmmArgs& a, int64_t e, int64_t& i, int64_t& j) {
+  i = static_cast<int64_t>(static_cast<const I*>(a.li)[e]);
+  j = static_cast<int64_t>(static_cast<const I*>(a.ri)[e]);
+  return static_cast<uint64_t>(i) < static_cast<uint64_t>(a.n_l) &&
+         static_cast<uint64_t>(j) < static_cast<uint64_t>(a.n_r);
+}
+
+template <int OP>
+__device__ __forceinline__ float elem(int32_t x, int32_t y, float sl, float sr, float both) {
+  if constexpr (OP == kAdd) {
+    return __fadd_rn(__fmul_rn(static_cast<float>(x), sl), __fmul_rn(static_cast<float>(y), sr));
+  } else if constexpr (OP == kSub) {
+    return __fsub_rn(__fmul_rn(static_cast<float>(x), sl), __fmul_rn(static_cast<float>(y), sr));
+  } else {
+    return __fmul_rn(__int2float_rn(x * y), both);
+  }
+}
+
+template <typename I, int G, int OP>
+__global__ void __launch_bounds__(kThreads) elementwise_kernel(SddmmArgs a) {
+  const int64_t e = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / G;
+  if (e >= a.E) return;
+  const int lane = static_cast<int>(threadIdx.x % G);
+  int64_t i, j;
+  float* o = a.out + e * a.F;
+  if (!edge_rows<I>(a, e, i, j)) {
+    for (int64_t f = lane; f < a.F; f += G) o[f] = 0.0f;
+    if (lane == 0) atomicOr(a.flag, 1);
+    return;
+  }
+  const int8_t* x = a.ql + i * a.F;
+  const int8_t* y = a.qr + j * a.F;
+  if (a.vec) {
+    for (int64_t f = 4 * lane; f < a.F; f += 4 * G) {
+      const uint32_t wx = __ldg(reinterpret_cast<const uint32_t*>(x + f));
+      const uint32_t wy = __ldg(reinterpret_cast<const uint32_t*>(y + f));
+      float r[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) r[t] = elem<OP>(sbyte(wx, t), sbyte(wy, t), a.sl, a.sr, a.both);
+      *reinterpret_cast<float4*>(o + f) = make_float4(r[0], r[1], r[2], r[3]);
+    }
+  } else {
+    for (int64_t f = lane; f < a.F; f += G) {
+      o[f] = elem<OP>(static_cast<int32_t>(__ldg(x + f)), static_cast<int32_t>(__ldg(y + f)),
+                      a.sl, a.sr, a.both);
+    }
+  }
+}
+
+// One (edge, head) pair per group of G lanes.
+template <typename I, int G, bool WIDE>
+__global__ void __launch_bounds__(kThreads) dot_kernel(SddmmArgs a) {
+  const int64_t p = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / G;
+  if (p >= a.E * a.H) return;
+  const int lane = static_cast<int>(threadIdx.x % G);
+  const unsigned gmask =
+      G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) / G * G);
+  const int64_t e = p / a.H;
+  const int64_t h = p - e * a.H;
+  int64_t i, j;
+  if (!edge_rows<I>(a, e, i, j)) {
+    if (lane == 0) {
+      a.out[p] = 0.0f;
+      atomicOr(a.flag, 1);
+    }
+    return;
+  }
+  const int8_t* x = a.ql + i * a.F + h * a.D;
+  const int8_t* y = a.qr + j * a.F + h * a.D;
+  using Acc = typename std::conditional<WIDE, long long, int32_t>::type;
+  Acc s = 0;
+  if (a.vec) {
+    for (int64_t d = 4 * lane; d < a.D; d += 4 * G) {
+      const int wx = static_cast<int>(__ldg(reinterpret_cast<const uint32_t*>(x + d)));
+      const int wy = static_cast<int>(__ldg(reinterpret_cast<const uint32_t*>(y + d)));
+      if constexpr (WIDE) {
+        s += __dp4a(wx, wy, 0);
+      } else {
+        s = __dp4a(wx, wy, s);
+      }
+    }
+  } else {
+    for (int64_t d = lane; d < a.D; d += G) {
+      s += static_cast<int32_t>(__ldg(x + d)) * static_cast<int32_t>(__ldg(y + d));
+    }
+  }
+#pragma unroll
+  for (int off = G / 2; off > 0; off /= 2) s += __shfl_xor_sync(gmask, s, off, G);
+  if (lane == 0) {
+    float f;
+    if constexpr (WIDE) {
+      f = __ll2float_rn(s);
+    } else {
+      f = __int2float_rn(s);
+    }
+    a.out[p] = __fmul_rn(f, a.both);
+  }
+}
+
+unsigned blocks_for(int64_t groups, int G) {
+  const int64_t blocks = (groups * G + kThreads - 1) / kThreads;
+  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qsddmm: too many edges");
+  return static_cast<unsigned>(blocks);
+}
+
+template <typename I, int G>
+void launch_g(int op, const SddmmArgs& a, cudaStream_t stream) {
+  if (op == kDot) {
+    const unsigned grid = blocks_for(a.E * a.H, G);
+    if (a.D >= (int64_t{1} << 17)) {
+      dot_kernel<I, G, true><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      dot_kernel<I, G, false><<<grid, kThreads, 0, stream>>>(a);
+    }
+  } else {
+    const unsigned grid = blocks_for(a.E, G);
+    if (op == kAdd) {
+      elementwise_kernel<I, G, kAdd><<<grid, kThreads, 0, stream>>>(a);
+    } else if (op == kSub) {
+      elementwise_kernel<I, G, kSub><<<grid, kThreads, 0, stream>>>(a);
+    } else {
+      elementwise_kernel<I, G, kMul><<<grid, kThreads, 0, stream>>>(a);
+    }
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Lanes per group: one per 4-element chunk of what a group covers (the row for
+// add / sub / mul, one head for dot), a power of two up to 32.
+template <typename I>
+void launch(int op, const SddmmArgs& a, cudaStream_t stream) {
+  const int64_t width = op == kDot ? a.D : a.F;
+  const int64_t chunks = (width + 3) / 4;
+  if (chunks <= 1) return launch_g<I, 1>(op, a, stream);
+  if (chunks <= 2) return launch_g<I, 2>(op, a, stream);
+  if (chunks <= 4) return launch_g<I, 4>(op, a, stream);
+  if (chunks <= 8) return launch_g<I, 8>(op, a, stream);
+  if (chunks <= 16) return launch_g<I, 16>(op, a, stream);
+  return launch_g<I, 32>(op, a, stream);
+}
+
+int parse_op(const char* fn, const std::string& op) {
+  if (op == "add") return kAdd;
+  if (op == "sub") return kSub;
+  if (op == "mul") return kMul;
+  if (op == "dot") return kDot;
+  TORCH_CHECK_VALUE(false, fn, ": op must be one of 'add', 'sub', 'mul', 'dot', got '", op, "'");
+  return -1;
+}
+
+}  // namespace
+
+at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double scale_lhs,
+                  const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
+                  const at::Tensor& rhs_index_in) {
+  constexpr const char* fn = "qtrain._ext_cuda.qsddmm";
+  const int op = parse_op(fn, op_name);
+  const at::Tensor ql = q_arg(fn, "q_lhs", q_lhs_in);
+  const at::Tensor qr = q_arg(fn, "q_rhs", q_rhs_in);
+  at::Tensor li = index_arg(fn, "lhs_index", lhs_index_in);
+  at::Tensor ri = index_arg(fn, "rhs_index", rhs_index_in);
+  const at::Device dev = ql.device();
+  check_same_device(fn, "q_rhs", qr, dev);
+  check_same_device(fn, "lhs_index", li, dev);
+  check_same_device(fn, "rhs_index", ri, dev);
+  TORCH_CHECK_VALUE(ql.sizes().slice(1) == qr.sizes().slice(1), fn,
+                    ": q_lhs and q_rhs need the same trailing shape, got ", ql.sizes(), " and ",
+                    qr.sizes());
+  TORCH_CHECK_VALUE(li.numel() == ri.numel(), fn, ": lhs_index has ", li.numel(),
+                    " entries, rhs_index ", ri.numel());
+  const c10::cuda::CUDAGuard guard(dev);
+  const bool wide = li.scalar_type() == at::kLong || ri.scalar_type() == at::kLong;
+  if (wide) {
+    li = li.to(at::kLong);
+    ri = ri.to(at::kLong);
+  }
+
+  const int64_t E = li.numel();
+  const int64_t H = ql.dim() == 3 ? ql.size(1) : 1;
+  const int64_t D = ql.size(-1);
+  std::vector<int64_t> shape{E};
+  if (ql.dim() == 3) shape.push_back(H);
+  shape.push_back(op == kDot ? 1 : D);
+  at::Tensor out = at::empty(shape, ql.options().dtype(at::kFloat));
+  if (E == 0 || out.numel() == 0) return out;
+
+  at::Tensor flag = at::zeros({1}, ql.options().dtype(at::kInt));
+  SddmmArgs a{};
+  a.li = li.const_data_ptr();
+  a.ri = ri.const_data_ptr();
+  a.ql = ql.const_data_ptr<int8_t>();
+  a.qr = qr.const_data_ptr<int8_t>();
+  a.out = out.mutable_data_ptr<float>();
+  a.E = E;
+  a.n_l = ql.size(0);
+  a.n_r = qr.size(0);
+  a.F = H * D;
+  a.H = H;
+  a.D = D;
+  a.sl = static_cast<float>(scale_lhs);
+  a.sr = static_cast<float>(scale_rhs);
+  a.both = a.sl * a.sr;  // host float32 multiply, as the CPU op
+  const int64_t width = op == kDot ? D : a.F;
+  a.vec = width % 4 == 0 && a.F % 4 == 0 && is_aligned(a.ql, 4) && is_aligned(a.qr, 4) &&
+          is_aligned(a.out, 16);
+  a.flag = flag.mutable_data_ptr<int>();
+  cudaStream_t stream = current_stream();
+  if (wide) {
+    launch<int64_t>(op, a, stream);
+  } else {
+    launch<int32_t>(op, a, stream);
+  }
+  const int bad = read_back(a.flag, stream);
+  TORCH_CHECK_VALUE(bad == 0, fn, ": an entry of lhs_index is outside [0, ", a.n_l,
+                    ") (rows of q_lhs) or of rhs_index outside [0, ", a.n_r, ") (rows of q_rhs)");
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace qtrain
