@@ -259,7 +259,6 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
                     period=cfg.reassign_period,
                 )
                 messenger = Messenger(part, adaptive.plan, recipe.train.seed)
-                messenger.tracing = True
             else:
                 bits = int(cfg.message_bits)
                 uniform = (

@@ -168,8 +168,12 @@ class DistTrainer(Trainer):
         stats = self.messenger.stats
         before = (stats.bytes_sent, stats.comm_seconds, stats.quant_seconds)
         start = time.perf_counter()
-        if self.adaptive is not None and self.adaptive.due(len(self._epochs) + 1):
-            self.adaptive.reassign(stats)  # part of this epoch's time, as the paper counts it
+        if self.adaptive is not None:
+            epoch = len(self._epochs) + 1
+            if self.adaptive.due(epoch):
+                self.adaptive.reassign(stats)  # part of this epoch's time, as the paper counts it
+            # row ranges (the assigner's statistics) are traced only in the epoch before one
+            self.messenger.tracing = self.adaptive.due(epoch + 1)
         result = self._train_step()
         self._epochs.append(
             (
