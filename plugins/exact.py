@@ -137,6 +137,8 @@ class ExactPlugin(Plugin):
         handle = torch.nn.modules.module.register_module_forward_pre_hook(self._note_batchnorm)
         self._stack.callback(handle.remove)
         patcher.functions({**_MASKED, **_FP32}, self._on_function)
+        # qtrain's own models draw dropout keyed by node id (qtrain.models.dropout)
+        self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
 
     def deactivate(self) -> None:
         self._stack.close()
@@ -205,6 +207,9 @@ class ExactPlugin(Plugin):
             if usable and training and not inplace and p > 0.0:
                 return self._count(kind, masks.dropout(x, p, self.config.backend))
         return func(*args, **kwargs)
+
+    def _count_keyed_dropout(self) -> None:
+        self.masked_calls["dropout"] = self.masked_calls.get("dropout", 0) + 1
 
     def _count(self, kind: str, out: torch.Tensor) -> torch.Tensor:
         self.masked_calls[kind] = self.masked_calls.get(kind, 0) + 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import ext_or_skip
@@ -59,15 +61,38 @@ def test_a_rows_mask_depends_only_on_its_id() -> None:
         masks.keep_mask(torch.tensor([-1]), 4, 0.5, 0)
 
 
-def test_keyed_dropout_scales_kept_elements_and_saves_one_bit() -> None:
-    x = torch.randn(50, 6, requires_grad=True)
+def _saved_bytes(fn: object) -> int:
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()  # type: ignore[operator]
+    return total
+
+
+def test_keyed_dropout_scales_kept_elements_saving_a_float_or_a_1_bit_mask() -> None:
     ids = torch.arange(50) * 3
-    y = masks.keyed_dropout(x, ids, 0.25, seed=4)
     kept = rowwise.unpack_bits(masks.keep_mask(ids, 6, 0.25, 4), 1, 300).reshape(50, 6).bool()
     scale = torch.tensor(1 / 0.75, dtype=torch.float32)
-    assert torch.equal(y, torch.where(kept, x * scale, torch.zeros(())))
-    y.backward(torch.ones_like(y))
-    assert torch.equal(x.grad, torch.where(kept, scale, torch.zeros(())).expand(50, 6))
+    calls = []
+    for packed in (False, True):
+        x = torch.randn(50, 6, requires_grad=True)
+        with contextlib.ExitStack() as stack:
+            if packed:  # what the exact plugin asks for
+                stack.enter_context(masks.packed_dropout_masks(lambda: calls.append(1)))
+            y = masks.keyed_dropout(x, ids, 0.25, seed=4)
+            saved = _saved_bytes(lambda x=x: masks.keyed_dropout(x, ids, 0.25, seed=4))
+        assert torch.equal(y, torch.where(kept, x * scale, torch.zeros(()))), packed
+        y.backward(torch.ones_like(y))
+        assert torch.equal(x.grad, torch.where(kept, scale, torch.zeros(())).expand(50, 6))
+        # torch's dropout keeps a float32 mask; exact's rule is one bit per element
+        assert saved == (38 if packed else 4 * 300)
+    assert len(calls) == 2
+    x = torch.randn(50, 6)
     assert torch.equal(masks.keyed_dropout(x, ids, 0.0, 1), x)
     assert not masks.keyed_dropout(x, ids, 1.0, 1).any()
     with pytest.raises(ValueError, match="shape"):

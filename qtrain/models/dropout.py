@@ -6,8 +6,8 @@ holding all of it, and distributed training stops being the same computation.
 :class:`NodeDropout` draws element (node v, feature j) of training step t from
 the counter generator at ``(stream key, t)`` and counter ``global_id(v) * width
 + j`` (``qtrain.ops.masks.keyed_dropout``): every worker, and a single process,
-drop exactly the same elements of a node's row. The mask is saved for backward
-packed at 1 bit per element.
+drop exactly the same elements of a node's row. Like torch's dropout it saves a
+float mask for backward; under the exact plugin, a 1-bit packed one.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ could flip which elements pass.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -124,11 +126,9 @@ def keep_mask(
 
 
 class KeyedDropout(torch.autograd.Function):
-    """Inverted dropout whose mask is :func:`keep_mask` of the rows' global ids.
-
-    It saves the packed mask (1 bit per element) and nothing else; forward and
-    backward are the same masked scale.
-    """
+    """Inverted dropout whose mask is :func:`keep_mask` of the rows' global ids, saving
+    only the packed mask (1 bit per element); forward and backward are the same masked
+    scale. :func:`keyed_dropout` uses it under :func:`packed_dropout_masks`."""
 
     @staticmethod
     def forward(
@@ -158,6 +158,23 @@ def _masked_scale(
     return torch.where(mask, x * scale, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+# callbacks of the active plugins that want dropout's mask saved at 1 bit (exact)
+_PACKED_DROPOUT: list[Callable[[], None]] = []
+
+
+@contextlib.contextmanager
+def packed_dropout_masks(on_call: Callable[[], None]) -> Iterator[None]:
+    """Inside, :func:`keyed_dropout` saves its mask packed at 1 bit per element and
+    calls ``on_call`` once per call (the exact plugin's rule for dropout); outside,
+    it saves a float32 mask, as torch's dropout does, so an FP32 run's activation
+    memory is that of the model a DGL user writes."""
+    _PACKED_DROPOUT.append(on_call)
+    try:
+        yield
+    finally:
+        _PACKED_DROPOUT.remove(on_call)
+
+
 def keyed_dropout(
     x: torch.Tensor, ids: torch.Tensor, p: float, seed: int, backend: str = "auto"
 ) -> torch.Tensor:
@@ -168,4 +185,13 @@ def keyed_dropout(
         return x * 0.0
     if p <= 0.0:
         return x
-    return KeyedDropout.apply(x, ids, float(p), int(seed), backend)
+    if _PACKED_DROPOUT:
+        for on_call in _PACKED_DROPOUT:
+            on_call()
+        return KeyedDropout.apply(x, ids, float(p), int(seed), backend)
+    width = x[0].numel() if x.shape[0] else 0
+    packed = keep_mask(ids.to(torch.int64).cpu(), width, p, seed, backend)
+    kept = compress.unpack_mask(packed, x.numel(), backend).reshape(x.shape).to(x.device)
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
+    # x * mask with a float mask, saved for backward as torch's dropout saves it
+    return x * torch.where(kept, scale, torch.zeros((), dtype=torch.float32)).to(x.dtype)
