@@ -50,17 +50,17 @@ class Partition:
 
     rank: int
     world_size: int
-    owned: torch.Tensor  # global ids, sorted
+    owned: torch.Tensor  # global ids: the central nodes, then the marginal ones, each sorted
     halo: torch.Tensor  # global ids: those from rank 0's nodes first, then rank 1's, ...
     block: Any  # dst = owned, src = owned + halo
     send_index: list[torch.Tensor]  # per peer: positions in `owned` of the rows it receives
     recv_counts: list[int]  # per peer: halo rows that come from it (in `halo` order)
     # the same layer split for overlap: central nodes (no halo in-neighbour) need owned rows
-    # only; marginal ones also the halo. Positions in `owned`:
+    # only; marginal ones also the halo. Positions in `owned` (central ones lead):
     central: torch.Tensor
     marginal: torch.Tensor
-    central_block: Any  # dst = central, src = owned as [central, marginal]
-    marginal_block: Any  # dst = marginal, src = [marginal, central, halo]
+    central_block: Any  # dst = central, src = owned
+    marginal_block: Any  # dst = marginal, src = owned + halo (dst rows not leading)
 
     @property
     def num_owned(self) -> int:
@@ -91,42 +91,36 @@ def build_partition(graph: Any, parts: torch.Tensor, rank: int, world_size: int)
         raise ValueError(f"parts has {parts.numel()} entries for {graph.num_nodes()} nodes")
     parts = parts.to(torch.int64).cpu()
     src, dst = (t.to(torch.int64).cpu() for t in graph.edges())
-    owned = torch.nonzero(parts == rank, as_tuple=False).squeeze(1)
+    # owned nodes central first (no in-neighbour on another worker), then marginal, each by
+    # global id: a layer's central half then reads the owned rows as they are
+    into_owned = parts[dst] == rank
+    is_marginal = torch.zeros(graph.num_nodes(), dtype=torch.bool)
+    is_marginal[dst[into_owned & (parts[src] != rank)]] = True
+    mine = torch.nonzero(parts == rank, as_tuple=False).squeeze(1)
+    owned = torch.cat([mine[~is_marginal[mine]], mine[is_marginal[mine]]])
+    n_owned, n_central = int(owned.numel()), int((~is_marginal[mine]).sum())
     recv = [
         _boundary_sources(src, dst, parts, p, rank) if p != rank else owned.new_empty(0)
         for p in range(world_size)
     ]
     halo = torch.cat(recv) if recv else owned.new_empty(0)
     local = torch.full((graph.num_nodes(),), -1, dtype=torch.int64)
-    local[owned] = torch.arange(owned.numel())
-    local[halo] = owned.numel() + torch.arange(halo.numel())
-    into_owned = parts[dst] == rank
+    local[owned] = torch.arange(n_owned)
+    local[halo] = n_owned + torch.arange(halo.numel())
     lsrc, ldst = local[src[into_owned]], local[dst[into_owned]]
-    n_owned = int(owned.numel())
     all_src = torch.cat([owned, halo])
-    block = _block(dgl, lsrc, ldst, all_src, torch.arange(n_owned), n_owned + int(halo.numel()))
-    from_halo = torch.zeros(n_owned, dtype=torch.bool)
-    from_halo[ldst[lsrc >= n_owned]] = True
-    central = torch.nonzero(~from_halo, as_tuple=False).squeeze(1)
-    marginal = torch.nonzero(from_halo, as_tuple=False).squeeze(1)
-    central_src = torch.cat([central, marginal])  # owned positions, central first
-    marginal_src = torch.cat([marginal, central, n_owned + torch.arange(halo.numel())])
-    keep_c, keep_m = ~from_halo[ldst], from_halo[ldst]
-    central_block = _block(
-        dgl,
-        _reindex(lsrc[keep_c], central_src),
-        _reindex(ldst[keep_c], central),
-        all_src[central_src],
-        central,
-        n_owned,
-    )
+    n_src = n_owned + int(halo.numel())
+    block = _block(dgl, lsrc, ldst, all_src, owned, n_src)
+    central = torch.arange(n_central)
+    marginal = torch.arange(n_central, n_owned)
+    keep_c = ldst < n_central
+    # central half: dst = the central nodes, src = the owned nodes (a block whose
+    # destinations lead its sources, as DGL expects); marginal half: dst = the marginal
+    # nodes, src = owned + halo, so its destinations are not the leading sources and the
+    # layer gets its destination rows separately (see DistTrainer)
+    central_block = _block(dgl, lsrc[keep_c], ldst[keep_c], owned, owned[:n_central], n_owned)
     marginal_block = _block(
-        dgl,
-        _reindex(lsrc[keep_m], marginal_src),
-        _reindex(ldst[keep_m], marginal),
-        all_src[marginal_src],
-        marginal,
-        int(marginal_src.numel()),
+        dgl, lsrc[~keep_c], ldst[~keep_c] - n_central, all_src, owned[n_central:], n_src
     )
     send_index = [
         local[_boundary_sources(src, dst, parts, rank, p)] if p != rank else owned.new_empty(0)
@@ -147,25 +141,16 @@ def build_partition(graph: Any, parts: torch.Tensor, rank: int, world_size: int)
     )
 
 
-def _reindex(positions: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Where each of ``positions`` sits in ``order`` (a permutation of a superset)."""
-    where = torch.full((int(order.max()) + 1 if order.numel() else 0,), -1, dtype=torch.int64)
-    where[order] = torch.arange(order.numel())
-    return where[positions]
-
-
 def _block(
     dgl: Any,
     src: torch.Tensor,
     dst: torch.Tensor,
     src_ids: torch.Tensor,
-    dst_local: torch.Tensor,
+    dst_ids: torch.Tensor,
     num_src: int,
 ) -> Any:
     """A block from local edge ends, with global ids on both sides (``dgl.NID``)."""
-    block = dgl.create_block(
-        (src, dst), num_src_nodes=num_src, num_dst_nodes=int(dst_local.numel())
-    )
+    block = dgl.create_block((src, dst), num_src_nodes=num_src, num_dst_nodes=int(dst_ids.numel()))
     block.srcdata[dgl.NID] = src_ids.clone()
-    block.dstdata[dgl.NID] = src_ids[: int(dst_local.numel())].clone()
+    block.dstdata[dgl.NID] = dst_ids.clone()
     return block

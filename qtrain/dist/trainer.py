@@ -111,11 +111,12 @@ class DistTrainer(Trainer):
         The same sums as the whole block: a central node's in-neighbours are all
         owned, and each half normalises by full-graph degrees as the whole block
         does (``block_weights`` for GCN; in-degrees are a node's own either way).
+        Owned rows are ordered central first (``build_partition``), so the central
+        half reads them as they are and the two outputs concatenate in order; the
+        marginal half gets its destination rows as a separate tensor, as DGL's
+        layers accept for bipartite inputs.
         """
-        part, model = self.part, self.model
-        central_src = torch.cat([part.central, part.marginal]).to(self.device)
-        marginal_own = torch.cat([part.marginal, part.central]).to(self.device)
-        central_at, marginal_at = part.central.to(self.device), part.marginal.to(self.device)
+        model, n_central = self.model, int(self.part.central.numel())
 
         def weights(kwargs: dict[str, Any], block: Any) -> dict[str, Any]:
             if kwargs.get("edge_weight") is None:
@@ -124,18 +125,15 @@ class DistTrainer(Trainer):
 
         def overlapped(graph: Any, feat: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             pending = self.messenger.post_halo(feat, layer)
-            inner = forward(
-                self._central, feat[central_src], *args, **weights(kwargs, self._central)
-            )
+            inner = forward(self._central, feat, *args, **weights(kwargs, self._central))
             halo = FinishHalo.apply(feat, self.messenger, layer, pending)
             outer = forward(
                 self._marginal,
-                torch.cat([feat[marginal_own], halo]),
+                (torch.cat([feat, halo]), feat[n_central:]),
                 *args,
                 **weights(kwargs, self._marginal),
             )
-            out = inner.new_zeros((feat.shape[0], *inner.shape[1:]))
-            return out.index_copy(0, central_at, inner).index_copy(0, marginal_at, outer)
+            return torch.cat([inner, outer])
 
         return overlapped
 

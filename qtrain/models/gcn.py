@@ -50,16 +50,31 @@ class GCN(GNNModel):
         self.input_dropout = NodeDropout(options.input_dropout)
         self.register_buffer("deg_out", None, persistent=False)
         self.register_buffer("deg_in", None, persistent=False)
+        self._block_weights: dict[int, tuple[Any, torch.Tensor]] = {}
 
     def prepare_graph(self, graph: Any) -> Any:
         graph = self.with_self_loops(graph)
         device = next(self.parameters()).device
         self.deg_out = graph.out_degrees().float().clamp(min=1).to(device)
         self.deg_in = graph.in_degrees().float().clamp(min=1).to(device)
+        self._block_weights.clear()
         return graph
 
     def block_weights(self, block: Any) -> torch.Tensor:
-        """Edge weights that turn a block's degree normalisation into the full graph's."""
+        """Edge weights that turn a block's degree normalisation into the full graph's.
+
+        Kept for the last few blocks: a partition's blocks are the same every step.
+        """
+        found = self._block_weights.get(id(block))
+        if found is not None and found[0] is block:
+            return found[1]
+        weights = self._compute_block_weights(block)
+        if len(self._block_weights) >= 4:
+            self._block_weights.pop(next(iter(self._block_weights)))
+        self._block_weights[id(block)] = (block, weights)
+        return weights
+
+    def _compute_block_weights(self, block: Any) -> torch.Tensor:
         if self.deg_out is None or self.deg_in is None:
             raise RuntimeError("GCN.prepare_graph(graph) must run before the model sees blocks")
         dgl = import_dgl()
