@@ -17,7 +17,7 @@ bars with PASS / FAIL:
 ``--variants`` adds ``w32-overlap`` and ``adaptive-no-overlap``, which separate
 what overlap and what the bit widths each do to the time.
 
-    python bench/adaqp.py --seeds 0 1 2 --epochs 100 --json bench/results/adaqp.json
+    python bench/adaqp.py --seeds 0 1 2 --epochs 20 --reassign-period 5 --json bench/results/adaqp-accuracy.json
 """
 
 from __future__ import annotations
