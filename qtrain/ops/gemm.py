@@ -36,7 +36,8 @@ import torch
 
 from qtrain.ops import dispatch
 from qtrain.quant import quantize as qref
-from qtrain.quant.rng import check_counter_range, counter_uniform, normalize_seed
+from qtrain.quant.quantize import quantize_with_absmax
+from qtrain.quant.rng import check_counter_range, normalize_seed
 
 LAYOUTS = ("nn", "nt", "tn")
 GEMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing int8_gemm
@@ -139,40 +140,6 @@ def _absmax_value(name: str, absmax: torch.Tensor | float) -> float:
     if not np.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be finite and >= 0, got {value}")
     return value
-
-
-def quantize_with_absmax(
-    x: torch.Tensor,
-    absmax: float,
-    bits: int,
-    rounding: str = "nearest",
-    seed: int = 0,
-    offset: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``qtrain.quant.quantize_symmetric``'s rule with a given range instead of max |x|.
-
-    Values beyond ``absmax`` clamp to +-qmax. With ``absmax = max |x|`` this is
-    ``quantize_symmetric(x, bits, rounding, seed, offset)`` bit for bit.
-    """
-    bits = qref.check_bits(bits)
-    rounding = qref.check_rounding(rounding)
-    xf = qref.as_float32(x)
-    qmax = qref.qmax_for(bits)
-    n = xf.numel()
-    check_counter_range(n, offset)
-    pre, inv, scale = qref.scale_params(absmax, qmax)
-    scale_t = torch.tensor(scale, dtype=torch.float32, device=xf.device)
-    if n == 0:
-        return torch.empty(xf.shape, dtype=torch.int8, device=xf.device), scale_t
-    if pre != 1.0:
-        xf = xf * pre
-    v = xf * inv
-    if rounding == "nearest":
-        r = torch.round(v)
-    else:
-        u = counter_uniform(n, normalize_seed(seed), offset, device=xf.device).reshape(xf.shape)
-        r = torch.floor(v + u)
-    return torch.clamp(r, -qmax, qmax).to(torch.int8), scale_t
 
 
 def reference_quantized_gemm(

@@ -101,7 +101,6 @@ def quantize_symmetric(
     bits = check_bits(bits)
     rounding = check_rounding(rounding)
     xf = as_float32(x)
-    qmax = qmax_for(bits)
     n = xf.numel()
     # validated for both roundings, as the compiled backends do
     seed = normalize_seed(seed)
@@ -114,8 +113,34 @@ def quantize_symmetric(
     absmax = xf.abs().max().item()
     if not np.isfinite(absmax):
         raise ValueError("x contains NaN or Inf; quantization needs finite values")
+    return quantize_with_absmax(xf, absmax, bits, rounding, seed, offset)
+
+
+def quantize_with_absmax(
+    x: torch.Tensor,
+    absmax: float,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_symmetric`'s rule with a given range instead of max |x|.
+
+    Values beyond ``absmax`` clamp to +-qmax (a fused GEMM quantizes its operand
+    with a range computed earlier). With ``absmax = max |x|`` this is
+    ``quantize_symmetric`` bit for bit; an empty x gets the scale of ``absmax``.
+    """
+    bits = check_bits(bits)
+    rounding = check_rounding(rounding)
+    xf = as_float32(x)
+    qmax = qmax_for(bits)
+    n = xf.numel()
+    seed = normalize_seed(seed)
+    check_counter_range(n, offset)
     pre, inv, scale = scale_params(absmax, qmax)
     scale_t = torch.tensor(scale, dtype=torch.float32, device=xf.device)
+    if n == 0:
+        return torch.empty(xf.shape, dtype=torch.int8, device=xf.device), scale_t
     if pre != 1.0:
         xf = xf * pre
     v = xf * inv
@@ -124,8 +149,7 @@ def quantize_symmetric(
     else:
         u = counter_uniform(n, seed, offset, device=xf.device).reshape(xf.shape)
         r = torch.floor(v + u)
-    q = torch.clamp(r, -qmax, qmax).to(torch.int8)
-    return q, scale_t
+    return torch.clamp(r, -qmax, qmax).to(torch.int8), scale_t
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
