@@ -39,6 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from _gpu import copy_bandwidth_gbps
 from _record import ROOT, git_commit, write_json
 
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
@@ -77,26 +78,6 @@ def check() -> dict[str, Any]:
         "summary": lines[-1] if lines else "",
         "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))][:50],
     }
-
-
-def bandwidth_gbps() -> float:
-    """Device memory bandwidth: bytes read + written by a 2 GiB device copy, best of 10."""
-    import torch
-
-    n = 2**29  # float32 elements = 2 GiB
-    src = torch.empty(n, device="cuda")
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n * 4 / best / 1e9
 
 
 # (bar, kernel cases (name prefixes), baseline names (None: any), metric, at least)
@@ -227,12 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     record["ext_cuda"] = backends.status()["ext-cuda"]
     record["stages"]["check"] = check()
     print(f"check: {record['stages']['check']['summary']}", flush=True)
-    record["bandwidth_gbps"] = bandwidth_gbps()
+    record["bandwidth_gbps"] = copy_bandwidth_gbps()
     print(
         f"device {device['name']}: {record['bandwidth_gbps']:.0f} GB/s copy bandwidth", flush=True
     )
     write_json(path, record)
-    os.environ["QTRAIN_BENCH_BANDWIDTH_GBPS"] = str(record["bandwidth_gbps"])
     failed = False
     for stage in STAGES:
         start = time.perf_counter()

@@ -20,43 +20,17 @@ Importing this module has no side effects; ``python bench/gpu_compress.py
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
+from _gpu import copy_bandwidth_gbps, median_ms, row
 
 from qtrain import backends
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
 
-WARMUP = 3
-REPEATS = 10
 BASELINE_REPEATS = 3
-
-
-def median_ms(fn: Callable[[], Any], repeats: int = REPEATS, warmup: int = WARMUP) -> float:
-    """Median of CUDA-event times of fn() (each call on the current stream)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def device_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
-    """Measured copy bandwidth: (read + write bytes) / time of a large device copy."""
-    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(1.0)
-    b = torch.empty_like(a)
-    ms = median_ms(lambda: b.copy_(a))
-    return 2 * nbytes / ms / 1e6
 
 
 def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -105,28 +79,6 @@ def verify(ext: Any) -> None:
         raise RuntimeError(f"CUDA kernels differ from the reference: {', '.join(bad)}")
 
 
-def _row(
-    case: str,
-    shape: tuple[int, ...],
-    ms: float,
-    nbytes: int,
-    bw: float,
-    baseline: str | None = None,
-    baseline_ms: float | None = None,
-) -> dict[str, Any]:
-    gbps = nbytes / ms / 1e6
-    return {
-        "case": case,
-        "shape": list(shape),
-        "ms": round(ms, 4),
-        "baseline": baseline,
-        "baseline_ms": None if baseline_ms is None else round(baseline_ms, 4),
-        "ratio": None if baseline_ms is None else round(baseline_ms / ms, 2),
-        "gbps": round(gbps, 1),
-        "bw_fraction": round(gbps / bw, 3),
-    }
-
-
 def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list[dict[str, Any]]:
     """The rows of one activation shape (its tensors are freed on return)."""
     out: list[dict[str, Any]] = []
@@ -139,14 +91,12 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
             lambda b=bits: ref.quantize_rows(x, b, "stochastic", seed, 0), BASELINE_REPEATS, 1
         )
         moved = 4 * n + (n * bits + 7) // 8 + 4 * n_rows
-        out.append(
-            _row(f"quantize_rows int{bits}", shape, ms, moved, bw, "reference on CUDA", base)
-        )
+        out.append(row(f"quantize_rows int{bits}", shape, ms, "reference on CUDA", base, moved, bw))
         q = ext.quantize_rows(x, bits, True, seed, 0)
         ms = median_ms(lambda b=bits, q=q: ext.dequantize_rows(*q, b, width))
         base = median_ms(lambda b=bits, q=q: ref.dequantize_rows(*q, b, width), BASELINE_REPEATS, 1)
         out.append(
-            _row(f"dequantize_rows int{bits}", shape, ms, moved, bw, "reference on CUDA", base)
+            row(f"dequantize_rows int{bits}", shape, ms, "reference on CUDA", base, moved, bw)
         )
     # the fused projection at D/R = 8, INT2 (the exact plugin's RP + INT2)
     k = projection.projected_width(width, 8)
@@ -155,28 +105,28 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
     base = median_ms(lambda: ext.quantize_rows(x @ r_mat, 2, True, seed, 0), BASELINE_REPEATS, 1)
     moved = 4 * n + (n_rows * k * 2 + 7) // 8 + 4 * n_rows
     out.append(
-        _row(
+        row(
             f"project_quantize_rows int2 k={k}",
             shape,
             ms,
-            moved,
-            bw,
             "cuBLAS x @ R + quantize_rows kernel",
             base,
+            moved,
+            bw,
         )
     )
     got = ext.project_quantize_rows(x, k, 2, True, seed, 0, 0)
     ms = median_ms(lambda: ext.dequantize_unproject_rows(*got, 2, k, width, seed, 0))
     base = median_ms(lambda: ext.dequantize_rows(*got, 2, k) @ r_mat.t(), BASELINE_REPEATS, 1)
     out.append(
-        _row(
+        row(
             f"dequantize_unproject_rows int2 k={k}",
             shape,
             ms,
-            moved,
-            bw,
             "dequantize_rows kernel + cuBLAS y @ R^T",
             base,
+            moved,
+            bw,
         )
     )
     # 1-bit masks: ReLU / dropout forward (pack), backward (unpack or masked_scale)
@@ -184,15 +134,15 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
     ms = median_ms(lambda: ext.pack_bits(mask, 1))
     base = median_ms(lambda: ref.pack_bits(mask, 1), BASELINE_REPEATS, 1)
     moved = n + (n + 7) // 8
-    out.append(_row("pack_bits 1-bit mask", shape, ms, moved, bw, "reference on CUDA", base))
+    out.append(row("pack_bits 1-bit mask", shape, ms, "reference on CUDA", base, moved, bw))
     packed = ext.pack_bits(mask, 1)
     ms = median_ms(lambda: ext.unpack_bits(packed, 1, n))
     base = median_ms(lambda: ref.unpack_bits(packed, 1, n), BASELINE_REPEATS, 1)
-    out.append(_row("unpack_bits 1-bit mask", shape, ms, moved, bw, "reference on CUDA", base))
+    out.append(row("unpack_bits 1-bit mask", shape, ms, "reference on CUDA", base, moved, bw))
     ms = median_ms(lambda: ext.masked_scale(x, packed, 2.0))
     base = median_ms(lambda: torch.where(mask, x * 2.0, 0.0), BASELINE_REPEATS, 1)
     moved = 8 * n + (n + 7) // 8
-    out.append(_row("masked_scale", shape, ms, moved, bw, "torch.where on a bool mask", base))
+    out.append(row("masked_scale", shape, ms, "torch.where on a bool mask", base, moved, bw))
     return out
 
 
@@ -203,9 +153,10 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     ext = backends.ext_cuda()
     verify(ext)
     torch.backends.cuda.matmul.allow_tf32 = False  # the baselines compute float32 products
-    copy_bytes = 1 << 28 if quick else 1 << 30
-    bw = device_bandwidth_gbps(copy_bytes)
-    rows = [_row("device copy", (copy_bytes // 4,), 2 * copy_bytes / bw / 1e6, 2 * copy_bytes, bw)]
+    copy_bytes = 1 << 30
+    bw = copy_bandwidth_gbps(copy_bytes)
+    ms = 2 * copy_bytes / bw / 1e6
+    rows = [row("device copy", (copy_bytes // 4,), ms, None, None, 2 * copy_bytes, bw)]
     shapes = ((200_000, 128), (169_343, 256)) if quick else ((2_400_000, 128), (169_343, 256))
     for n_rows, width in shapes:
         rows += _shape_rows(ext, n_rows, width, bw, seed=7)

@@ -23,52 +23,13 @@ against the device bandwidth measured with a large copy. Each record:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _gpu import copy_bandwidth_gbps, median_ms, row
 
 Record = dict[str, Any]
-
-
-def _time(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of fn() on the current stream."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _record(
-    case: str,
-    shape: str,
-    ms: float,
-    baseline: str,
-    baseline_ms: float | None,
-    nbytes: int | None = None,
-    bandwidth: float | None = None,
-) -> Record:
-    gbps = nbytes / ms / 1e6 if nbytes is not None else None
-    return {
-        "case": case,
-        "shape": shape,
-        "ms": round(ms, 4),
-        "baseline": baseline,
-        "baseline_ms": None if baseline_ms is None else round(baseline_ms, 4),
-        "ratio": None if baseline_ms is None else round(baseline_ms / ms, 3),
-        "gbps": None if gbps is None else round(gbps, 1),
-        "bw_fraction": None if gbps is None or not bandwidth else round(gbps / bandwidth, 3),
-    }
 
 
 def _free() -> None:
@@ -138,15 +99,6 @@ def verify(ext: Any) -> None:
 # ---------------------------------------------------------------- cases
 
 
-def device_bandwidth(quick: bool) -> float:
-    """GB/s of a large device-to-device copy (read + write)."""
-    n = (1 << 26) if quick else (1 << 28)  # floats: 256 MiB / 1 GiB
-    src = torch.empty(n, device="cuda")
-    dst = torch.empty_like(src)
-    ms = _time(lambda: dst.copy_(src), 10)
-    return 2 * n * 4 / ms / 1e6
-
-
 def bench_quantize(ext: Any, quick: bool, bw: float, repeats: int) -> list[Record]:
     n = (1 << 24) if quick else (1 << 28)
     x = torch.randn(n, device="cuda")
@@ -155,13 +107,11 @@ def bench_quantize(ext: Any, quick: bool, bw: float, repeats: int) -> list[Recor
         inv = 127.0 / x.abs().max()
         return torch.clamp(torch.floor(x * inv + torch.rand_like(x)), -127, 127).to(torch.int8)
 
-    ms = _time(lambda: ext.quantize_symmetric(x, 8, True, 0, 0), repeats)
-    base = _time(torch_quantize, repeats)
+    ms = median_ms(lambda: ext.quantize_symmetric(x, 8, True, 0, 0), repeats)
+    base = median_ms(torch_quantize, repeats)
     # absmax pass (4 B) + quantize pass (4 B read, 1 B written) per element
     return [
-        _record(
-            "quantize_symmetric", f"[{n}] stochastic", ms, "torch absmax+round", base, 9 * n, bw
-        )
+        row("quantize_symmetric", f"[{n}] stochastic", ms, "torch absmax+round", base, 9 * n, bw)
     ]
 
 
@@ -183,20 +133,20 @@ def _gemm_case(ext: Any, m: int, bw: float, repeats: int) -> list[Record]:
     qa, _ = ext.quantize_symmetric(a, 8, False, 0, 0)
     qb, _ = ext.quantize_symmetric(b, 8, False, 0, 0)
     ab, bb = a.bfloat16(), b.bfloat16()
-    fused = _time(
+    fused = median_ms(
         lambda: ext.quantized_gemm(a, b, ma, mb, 8, 8, "nn", None, True, 0, 0, 0), repeats
     )
-    int8 = _time(lambda: ext.int8_gemm(qa, qb, 1e-4, "nn", None), repeats)
+    int8 = median_ms(lambda: ext.int8_gemm(qa, qb, 1e-4, "nn", None), repeats)
     tf32_before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        fp32 = _time(lambda: torch.matmul(a, b), repeats)
+        fp32 = median_ms(lambda: torch.matmul(a, b), repeats)
         torch.backends.cuda.matmul.allow_tf32 = True
-        tf32 = _time(lambda: torch.matmul(a, b), repeats)
+        tf32 = median_ms(lambda: torch.matmul(a, b), repeats)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32_before
-    bf16 = _time(lambda: torch.matmul(ab, bb), repeats)
-    bf16_cast = _time(lambda: torch.matmul(a.bfloat16(), b.bfloat16()).float(), repeats)
+    bf16 = median_ms(lambda: torch.matmul(ab, bb), repeats)
+    bf16_cast = median_ms(lambda: torch.matmul(a.bfloat16(), b.bfloat16()).float(), repeats)
     fused_bytes = 4 * m * k + 4 * k * n + 4 * m * n
     int8_bytes = m * k + k * n + 4 * m * n
     for name, base in (
@@ -206,7 +156,7 @@ def _gemm_case(ext: Any, m: int, bw: float, repeats: int) -> list[Record]:
         ("bf16 matmul + casts", bf16_cast),
     ):
         out.append(
-            _record(
+            row(
                 "quantized_gemm (quantization included)",
                 shape,
                 fused,
@@ -216,7 +166,7 @@ def _gemm_case(ext: Any, m: int, bw: float, repeats: int) -> list[Record]:
                 bw,
             )
         )
-        out.append(_record("int8_gemm", shape, int8, name, base, int8_bytes, bw))
+        out.append(row("int8_gemm", shape, int8, name, base, int8_bytes, bw))
     return out
 
 
@@ -269,18 +219,18 @@ def bench_sparse(ext: Any, quick: bool, bw: float, repeats: int) -> list[Record]
     w = torch.rand(edges, device="cuda")
     base_bytes = 4 * (nodes + 1) + 4 * edges + edges * width + 4 * nodes * width
 
-    copy_ms = _time(lambda: ext.qspmm(ip32, ix32, q, s), repeats)
-    weighted_ms = _time(lambda: ext.qspmm(ip32, ix32, q, s, w), repeats)
+    copy_ms = median_ms(lambda: ext.qspmm(ip32, ix32, q, s), repeats)
+    weighted_ms = median_ms(lambda: ext.qspmm(ip32, ix32, q, s, w), repeats)
     ones = torch.ones(edges, device="cuda")
     a_ones = torch.sparse_csr_tensor(indptr, indices, ones, (nodes, nodes))
     a_w = torch.sparse_csr_tensor(indptr, indices, w, (nodes, nodes))
-    ts_copy = _time(lambda: torch.sparse.mm(a_ones, x), repeats)
-    ts_w = _time(lambda: torch.sparse.mm(a_w, x), repeats)
+    ts_copy = median_ms(lambda: torch.sparse.mm(a_ones, x), repeats)
+    ts_w = median_ms(lambda: torch.sparse.mm(a_w, x), repeats)
     out.append(
-        _record("qspmm copy", shape, copy_ms, "torch.sparse.mm csr fp32", ts_copy, base_bytes, bw)
+        row("qspmm copy", shape, copy_ms, "torch.sparse.mm csr fp32", ts_copy, base_bytes, bw)
     )
     out.append(
-        _record(
+        row(
             "qspmm weighted",
             shape,
             weighted_ms,
@@ -292,22 +242,20 @@ def bench_sparse(ext: Any, quick: bool, bw: float, repeats: int) -> list[Record]
     )
     pyg_name, pyg = _pyg_spmm()
     if pyg is None:
-        out.append(_record("qspmm copy", shape, copy_ms, pyg_name, None, base_bytes, bw))
+        out.append(row("qspmm copy", shape, copy_ms, pyg_name, None, base_bytes, bw))
     else:
-        pyg_ms = _time(pyg(indptr, indices, ones, x, nodes), repeats)
-        pyg_w = _time(pyg(indptr, indices, w, x, nodes), repeats)
-        out.append(_record("qspmm copy", shape, copy_ms, pyg_name, pyg_ms, base_bytes, bw))
+        pyg_ms = median_ms(pyg(indptr, indices, ones, x, nodes), repeats)
+        pyg_w = median_ms(pyg(indptr, indices, w, x, nodes), repeats)
+        out.append(row("qspmm copy", shape, copy_ms, pyg_name, pyg_ms, base_bytes, bw))
         out.append(
-            _record(
-                "qspmm weighted", shape, weighted_ms, pyg_name, pyg_w, base_bytes + 4 * edges, bw
-            )
+            row("qspmm weighted", shape, weighted_ms, pyg_name, pyg_w, base_bytes + 4 * edges, bw)
         )
 
     # SDDMM: per-edge dot of width-128 rows (src = indices, dst = the CSR row of each entry)
     dst = torch.repeat_interleave(
         torch.arange(nodes, device="cuda", dtype=torch.int32), indptr[1:] - indptr[:-1]
     )
-    dot_ms = _time(lambda: ext.qsddmm("dot", q, s, ix32, q, s, dst), repeats)
+    dot_ms = median_ms(lambda: ext.qsddmm("dot", q, s, ix32, q, s, dst), repeats)
     chunk = 1 << 23
 
     def fp32_dot() -> torch.Tensor:
@@ -318,9 +266,9 @@ def bench_sparse(ext: Any, quick: bool, bw: float, repeats: int) -> list[Record]
             res[e0 : e0 + chunk] = (a * b).sum(-1, keepdim=True)
         return res
 
-    base_dot = _time(fp32_dot, max(3, repeats // 2), warmup=1)
+    base_dot = median_ms(fp32_dot, max(3, repeats // 2), warmup=1)
     out.append(
-        _record(
+        row(
             "qsddmm dot",
             shape,
             dot_ms,
@@ -334,10 +282,10 @@ def bench_sparse(ext: Any, quick: bool, bw: float, repeats: int) -> list[Record]
     el = torch.randn(nodes, heads, 1, device="cuda")
     ql, sl = ext.quantize_symmetric(el, 8, False, 0, 0)
     sl = float(sl)
-    add_ms = _time(lambda: ext.qsddmm("add", ql, sl, ix32, ql, sl, dst), repeats)
-    base_add = _time(lambda: el[indices] + el[dst], repeats)
+    add_ms = median_ms(lambda: ext.qsddmm("add", ql, sl, ix32, ql, sl, dst), repeats)
+    base_add = median_ms(lambda: el[indices] + el[dst], repeats)
     out.append(
-        _record(
+        row(
             "qsddmm add",
             f"nodes={nodes} edges={edges} [N, {heads}, 1]",
             add_ms,
@@ -359,10 +307,9 @@ def run(quick: bool) -> list[dict]:
     ext = backends.ext_cuda()
     verify(ext)
     repeats = 5 if quick else 10
-    bw = device_bandwidth(quick)
+    bw = copy_bandwidth_gbps()
     records: list[Record] = [
-        _record("device copy", "bandwidth", 0.0 + 1e-9, "-", None, None, None)
-        | {"gbps": round(bw, 1)}
+        row("device copy", "bandwidth", 0.0 + 1e-9, "-", None, None, None) | {"gbps": round(bw, 1)}
     ]
     records += bench_quantize(ext, quick, bw, repeats)
     _free()
