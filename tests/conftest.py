@@ -21,6 +21,25 @@ def ext_or_skip() -> ModuleType:
     return backends.ext_cpu()
 
 
+def varied_rows(rows: int, width: int, seed: int) -> torch.Tensor:
+    """CPU rows of different scales and offsets, some constant, one all zero (the
+    compression kernels' test input)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=g)
+    x = x * torch.rand(rows, 1, generator=g).mul(4).exp2() + torch.randn(rows, 1, generator=g)
+    if rows > 3:
+        x[1] = 0.0
+        x[2] = -1.7
+        x[3] = 2.5
+    return x
+
+
+def float_bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bit patterns of a float32 / bfloat16 tensor (so -0.0 != 0.0 and NaNs compare
+    by payload: comparisons of them are really bitwise)."""
+    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
+
+
 @pytest.fixture
 def isas() -> Iterator[list[str]]:
     """Every ISA variant this CPU runs; the variant in use is restored afterwards."""

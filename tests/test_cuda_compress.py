@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import float_bits, varied_rows
 
 from qtrain import backends
 from qtrain.ops import compress, dispatch
@@ -41,18 +42,6 @@ def ext():
     return backends.ext_cuda()
 
 
-def _rows(rows: int, width: int, seed: int) -> torch.Tensor:
-    """CPU rows of different scales and offsets, some constant, one all zero."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, width, generator=g)
-    x = x * torch.rand(rows, 1, generator=g).mul(4).exp2() + torch.randn(rows, 1, generator=g)
-    if rows > 3:
-        x[1] = 0.0
-        x[2] = -1.7
-        x[3] = 2.5
-    return x
-
-
 def _misaligned(x: torch.Tensor) -> torch.Tensor:
     """A contiguous CUDA copy of x whose data starts 4 bytes past an aligned address."""
     flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=CUDA)
@@ -62,15 +51,11 @@ def _misaligned(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _bits_of(t: torch.Tensor) -> torch.Tensor:
-    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
-
-
 def _same_bits(got: torch.Tensor, want: torch.Tensor, *why: object) -> None:
     got = got.cpu()
     assert got.dtype == want.dtype and got.shape == want.shape, (got.shape, want.shape, *why)
     if got.dtype in (torch.float32, torch.bfloat16):
-        assert torch.equal(_bits_of(got), _bits_of(want)), why
+        assert torch.equal(float_bits(got), float_bits(want)), why
     else:
         assert torch.equal(got, want), why
 
@@ -83,7 +68,7 @@ def _same_quantized(got: tuple, want: tuple, *why: object) -> None:
     z, w = got[1].cpu(), want[1]
     assert z.dtype == w.dtype and z.shape == w.shape, why
     both_zero = (z == 0) & (w == 0)
-    assert torch.equal(_bits_of(z)[~both_zero], _bits_of(w)[~both_zero]), ("zero", *why)
+    assert torch.equal(float_bits(z)[~both_zero], float_bits(w)[~both_zero]), ("zero", *why)
 
 
 def _check_rows(x: torch.Tensor, bits: int, rounding: str, seed: int, offset: int, *why) -> None:
@@ -106,7 +91,7 @@ def _check_rows(x: torch.Tensor, bits: int, rounding: str, seed: int, offset: in
 def test_quantize_rows_matches_reference(bits: int, rounding: str) -> None:
     for width in WIDTHS:
         for rows in (0, 1, 37) if width < 1000 else (1, 9):
-            x = _rows(rows, width, seed=width * 100 + rows).to(CUDA)
+            x = varied_rows(rows, width, seed=width * 100 + rows).to(CUDA)
             for seed, offset in STREAMS:
                 _check_rows(x, bits, rounding, normalize_seed(seed), offset, rows, width)
 
@@ -115,7 +100,7 @@ def test_quantize_rows_matches_reference(bits: int, rounding: str) -> None:
 def test_quantize_rows_many_tiles(bits: int) -> None:
     """Enough rows for many blocks and tiles (narrow rows: up to 1024 rows per tile)."""
     for rows, width in ((5000, 129), (3000, 1), (2600, 3), (700, 20), (40, 1025)):
-        x = _rows(rows, width, seed=rows + width + bits).to(CUDA)
+        x = varied_rows(rows, width, seed=rows + width + bits).to(CUDA)
         for rounding in ROUNDINGS:
             _check_rows(x, bits, rounding, 9, 2**32 - 300_001, rows, width)
 
@@ -124,12 +109,12 @@ def test_quantize_rows_many_tiles(bits: int) -> None:
 def test_quantize_rows_misaligned_and_strided_inputs(bits: int) -> None:
     """Inputs that are not 16-byte aligned (scalar loads) or not contiguous."""
     for rows, width in ((37, 128), (9, 4096), (33, 17)):
-        x = _rows(rows, width, seed=width)
+        x = varied_rows(rows, width, seed=width)
         for rounding in ROUNDINGS:
             _check_rows(_misaligned(x), bits, rounding, 3, 7, "misaligned", rows, width)
             _check_rows(x.t().contiguous().to(CUDA).t(), bits, rounding, 3, 7, "transposed")
     # a packed stream that starts at an odd address (the dequantizer's byte loads)
-    x = _rows(21, 19, seed=1)
+    x = varied_rows(21, 19, seed=1)
     want = ref.quantize_rows(x, bits, "stochastic", 2, 0)
     buf = torch.cat([torch.zeros(1, dtype=torch.uint8), want[0]]).to(CUDA)[1:]
     got = ext().dequantize_rows(buf, want[1].to(CUDA), want[2].to(CUDA), bits, 19)
@@ -154,12 +139,12 @@ def test_edge_rows_match_reference() -> None:
             a = ext().dequantize_rows(*got, bits, 19).cpu()
             b = ref.dequantize_rows(*want, bits, 19)
             # row 5 dequantizes with step = inf (q * inf is NaN): compared as packed above
-            assert torch.equal(_bits_of(a[:5]), _bits_of(b[:5])), (bits, rounding)
-            assert torch.equal(_bits_of(a[6:]), _bits_of(b[6:])), (bits, rounding)
+            assert torch.equal(float_bits(a[:5]), float_bits(b[:5])), (bits, rounding)
+            assert torch.equal(float_bits(a[6:]), float_bits(b[6:])), (bits, rounding)
 
 
 def test_non_finite_rows_dequantize_to_nan_as_the_reference() -> None:
-    x = _rows(9, 21, seed=5)
+    x = varied_rows(9, 21, seed=5)
     x[1, 4] = float("nan")
     x[2, 0] = float("inf")
     x[3, 20] = -float("inf")
@@ -180,7 +165,7 @@ def test_non_finite_rows_dequantize_to_nan_as_the_reference() -> None:
             a = ext().dequantize_rows(*got, bits, 21).cpu()
             b = ref.dequantize_rows(*want, bits, 21)
             assert bool(a[bad].isnan().all()) and bool(b[bad].isnan().all())
-            assert torch.equal(_bits_of(a[~bad]), _bits_of(b[~bad]))
+            assert torch.equal(float_bits(a[~bad]), float_bits(b[~bad]))
 
 
 def test_empty_inputs() -> None:
@@ -299,7 +284,7 @@ def test_masked_scale_matches_reference(n: int, scale: float) -> None:
     want = ref.masked_scale(grad, packed, scale)
     for gr in (grad.to(CUDA), _misaligned(grad)):
         got = compress.masked_scale(gr, packed.to(CUDA), scale, backend="ext-cuda").cpu()
-        assert torch.equal(_bits_of(got.nan_to_num(7.0)), _bits_of(want.nan_to_num(7.0)))
+        assert torch.equal(float_bits(got.nan_to_num(7.0)), float_bits(want.nan_to_num(7.0)))
     # any shape, taken flat
     if n == 1000:
         got = ext().masked_scale(grad.reshape(40, 25).to(CUDA), packed.to(CUDA), scale)
@@ -350,7 +335,7 @@ def _fused_reference(x, k, bits, rounding, seed, offset, proj):
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 def test_fused_projection_matches_reference(bits: int, rounding: str) -> None:
     for rows, d, k in PROJECTION_SHAPES:
-        x = _rows(rows, d, seed=rows * 7 + d) if d else torch.empty(rows, 0)
+        x = varied_rows(rows, d, seed=rows * 7 + d) if d else torch.empty(rows, 0)
         for seed, offset in STREAMS[:2]:
             seed = normalize_seed(seed)
             proj = offset // 3
@@ -382,7 +367,7 @@ def test_fused_projection_of_zero_constant_and_non_finite_rows() -> None:
     for g, w in zip(got[1:], want[1:], strict=True):
         torch.testing.assert_close(g.cpu(), w, rtol=0, atol=0, equal_nan=True)
     out = ext().dequantize_unproject_rows(*got, 2, 8, 40, 1, 0).cpu()
-    assert torch.equal(_bits_of(out[finite]), _bits_of(back[finite]))
+    assert torch.equal(float_bits(out[finite]), float_bits(back[finite]))
     assert bool(out[~finite].isnan().all()) and bool(back[~finite].isnan().all())
 
 
@@ -390,7 +375,7 @@ def test_fused_projection_of_zero_constant_and_non_finite_rows() -> None:
 
 
 def test_auto_dispatch_picks_ext_cuda() -> None:
-    x = _rows(10, 6, seed=0).to(CUDA)
+    x = varied_rows(10, 6, seed=0).to(CUDA)
     dispatch.reset()
     try:
         packed, zero, rng = compress.quantize_rows(x, 2, "nearest")

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from conftest import ext_or_skip
+from conftest import ext_or_skip, float_bits, varied_rows
 
 from qtrain import backends
 from qtrain.ops import compress, dispatch
@@ -28,29 +28,12 @@ WIDTHS = (1, 3, 5, 17, 33, 127, 129, 256)
 STREAMS = ((0, 0), (-1, 2**32 - 50), (2**64 - 7, 12345))
 
 
-def _rows(rows: int, width: int, seed: int) -> torch.Tensor:
-    """Rows of different scales and offsets, some constant, one all zero."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, width, generator=g)
-    x = x * torch.rand(rows, 1, generator=g).mul(4).exp2() + torch.randn(rows, 1, generator=g)
-    if rows > 3:
-        x[1] = 0.0
-        x[2] = -1.7
-        x[3] = 2.5
-    return x
-
-
-def _bits_of(t: torch.Tensor) -> torch.Tensor:
-    """The raw bit patterns (so -0.0 != 0.0 and the comparison is really bitwise)."""
-    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16}[t.dtype])
-
-
 def _assert_same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], *why: object) -> None:
     assert len(a) == len(b)
     for s, t in zip(a, b, strict=True):
         assert s.dtype == t.dtype and s.shape == t.shape, why
         if s.dtype in (torch.float32, torch.bfloat16):
-            assert torch.equal(_bits_of(s), _bits_of(t)), why
+            assert torch.equal(float_bits(s), float_bits(t)), why
         else:
             assert torch.equal(s, t), why
 
@@ -111,7 +94,7 @@ def test_reference_pack_errors() -> None:
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 def test_reference_error_within_one_level(bits: int, rounding: str) -> None:
-    x = _rows(64, 37, seed=bits)
+    x = varied_rows(64, 37, seed=bits)
     packed, zero, rng = ref.quantize_rows(x, bits, rounding, seed=3)
     assert packed.shape == (ref.packed_size(x.numel(), bits),)
     assert zero.dtype == rng.dtype == torch.bfloat16 and zero.shape == rng.shape == (64,)
@@ -255,7 +238,7 @@ def test_ext_quantize_rows_matches_reference(
     ext = ext_or_skip()
     for width in WIDTHS:
         for rows in (0, 1, 37):
-            x = _rows(rows, width, seed=width * 100 + rows)
+            x = varied_rows(rows, width, seed=width * 100 + rows)
             for seed, offset in STREAMS:
                 want = ref.quantize_rows(x, bits, rounding, seed, offset)
                 back = ref.dequantize_rows(*want, bits, width)
@@ -273,7 +256,7 @@ def test_ext_quantize_rows_matches_reference(
 def test_ext_rows_split_across_threads(bits: int, isas: list[str], threads: None) -> None:
     """Enough elements that two threads really split the rows (width 129: blocks of 8 rows)."""
     ext = ext_or_skip()
-    x = _rows(4201, 129, seed=bits)
+    x = varied_rows(4201, 129, seed=bits)
     for rounding in ROUNDINGS:
         want = ref.quantize_rows(x, bits, rounding, 9, 2**32 - 300_001)
         back = ref.dequantize_rows(*want, bits, 129)
@@ -334,7 +317,7 @@ def test_ext_empty_inputs(isas: list[str]) -> None:
 def test_ext_non_finite_rows_dequantize_to_nan_as_the_reference(isas: list[str]) -> None:
     """x should be finite; a NaN or Inf must not crash, and gives NaN rows as the reference."""
     ext = ext_or_skip()
-    x = _rows(9, 21, seed=5)
+    x = varied_rows(9, 21, seed=5)
     x[1, 4] = float("nan")
     x[2, 0] = float("inf")
     x[3, 20] = -float("inf")
@@ -438,7 +421,7 @@ def test_ext_rademacher_matches_reference(isas: list[str], threads: None) -> Non
                 for nt in (1, 2) if d * k > 500_000 else (1 + i % 2,):
                     torch.set_num_threads(nt)
                     got = compress.rademacher(d, k, seed, offset, backend="ext-cpu")
-                    assert torch.equal(_bits_of(got), _bits_of(want)), (isa, nt, d, k, seed)
+                    assert torch.equal(float_bits(got), float_bits(want)), (isa, nt, d, k, seed)
     assert torch.equal(
         ext.rademacher(3, 5, normalize_seed(-1), 7), projection.rademacher(3, 5, -1, 7)
     )
@@ -446,7 +429,7 @@ def test_ext_rademacher_matches_reference(isas: list[str], threads: None) -> Non
 
 def test_auto_dispatch_picks_ext_cpu() -> None:
     ext_or_skip()
-    x = _rows(10, 6, seed=0)
+    x = varied_rows(10, 6, seed=0)
     dispatch.reset()
     try:
         packed, zero, rng = compress.quantize_rows(x, 2, "nearest")
@@ -536,7 +519,7 @@ def test_ext_fused_projection_matches_reference(
 ) -> None:
     ext_or_skip()
     for rows, d, k in PROJECTION_SHAPES:
-        x = _rows(rows, d, seed=rows * 7 + d) if d else torch.empty(rows, 0)
+        x = varied_rows(rows, d, seed=rows * 7 + d) if d else torch.empty(rows, 0)
         for seed, offset in STREAMS[:2]:
             proj = offset // 3
             want, back = _fused_reference(x, k, bits, rounding, seed, offset, proj)
@@ -557,7 +540,7 @@ def test_ext_fused_projection_matches_reference(
 def test_ext_fused_projection_split_across_threads(isas: list[str], threads: None) -> None:
     """Enough rows that two threads split them (k = 17: blocks of 8 rows), zero and constant rows."""
     ext = ext_or_skip()
-    x = _rows(3001, 129, seed=4)
+    x = varied_rows(3001, 129, seed=4)
     for bits in (1, 2):
         want, back = _fused_reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
         for isa in isas:
@@ -618,7 +601,7 @@ def test_ext_fused_projection_argument_errors() -> None:
 
 def test_fused_projection_dispatch_is_counted() -> None:
     ext_or_skip()
-    x = _rows(12, 16, seed=3)
+    x = varied_rows(12, 16, seed=3)
     dispatch.reset()
     try:
         got = compress.project_quantize_rows(x, 4, 2, "nearest", 1, 0, 9)
