@@ -31,7 +31,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from qtrain.config import option
 from qtrain.ops import masks
 from qtrain.ops.compressed import CompressingCodec
-from qtrain.plugin import Patcher, Plugin, PluginContext, register_plugin
+from qtrain.ops.projected import projected_product
+from qtrain.plugin import Patcher, Plugin, PluginContext, dense_operands, register_plugin
 from qtrain.train.activations import installed_codec, storage_key
 
 
@@ -120,6 +121,9 @@ class ExactPlugin(Plugin):
         self._stack = contextlib.ExitStack()
         self.masked_calls: dict[str, int] = {}
         self.fp32_calls: dict[str, int] = {}
+        self.projected_products = 0
+        # tango quantizes the dense products itself and saves int8 operands
+        self.projects_products = config.rp_ratio > 1 and "tango" not in context.plugins
         model = context.model
         self._parameter_keys = (
             {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
@@ -137,6 +141,8 @@ class ExactPlugin(Plugin):
         handle = torch.nn.modules.module.register_module_forward_pre_hook(self._note_batchnorm)
         self._stack.callback(handle.remove)
         patcher.functions({**_MASKED, **_FP32}, self._on_function)
+        if self.projects_products:
+            patcher.dense(self._on_dense)
         # qtrain's own models draw dropout keyed by node id (qtrain.models.dropout)
         self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
 
@@ -153,6 +159,8 @@ class ExactPlugin(Plugin):
             "saved_tensors": dict(codec.stats),
             "masked_calls": dict(self.masked_calls),
             "fp32_calls": dict(self.fp32_calls),  # losses and softmaxes, saved uncompressed
+            # weight gradients taken from the projected rows (qtrain.ops.projected)
+            "projected_products": self.projected_products,
             "compressed_bytes_in": codec.original_bytes,
             "compressed_bytes_out": codec.stored_bytes,
             "compression_ratio": ratio,
@@ -206,6 +214,15 @@ class ExactPlugin(Plugin):
             inplace = _arg(args, kwargs, 3, "inplace", False)
             if usable and training and not inplace and p > 0.0:
                 return self._count(kind, masks.dropout(x, p, self.config.backend))
+        return func(*args, **kwargs)
+
+    def _on_dense(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        plan = dense_operands(kind, args, kwargs) if torch.is_grad_enabled() else None
+        if plan is not None and plan.x.requires_grad and _is_parameter(plan.w):
+            out = projected_product(self.codec, plan.x, plan.w, plan.bias, plan.linear)
+            if out is not None:
+                self.projected_products += 1
+                return out
         return func(*args, **kwargs)
 
     def _count_keyed_dropout(self) -> None:

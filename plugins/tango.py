@@ -37,7 +37,7 @@ from qtrain.ops.functions import (
 )
 from qtrain.ops.graph import graph_csr
 from qtrain.ops.policy import QuantPolicy
-from qtrain.plugin import Patcher, Plugin, PluginContext, register_plugin
+from qtrain.plugin import Patcher, Plugin, PluginContext, dense_operands, register_plugin
 from qtrain.quant.cache import QuantCache
 
 FP32 = "fp32"
@@ -268,7 +268,7 @@ class TangoPlugin(Plugin):
     ) -> Any:
         if inside_kernel():
             return func(*args, **kwargs)
-        plan = _dense_plan(kind, args, kwargs)
+        plan = dense_operands(kind, args, kwargs, _DEVICES)
         if plan is None:
             return func(*args, **kwargs)
         x, w, bias, linear = plan
@@ -304,33 +304,3 @@ def _per_head_weight(x: torch.Tensor, w: Any) -> bool:
     if not isinstance(w, torch.Tensor) or w.dim() != x.dim() or w.shape[-1] != 1:
         return False
     return x.dim() == 2 or w.shape[1] in (1, x.shape[1])
-
-
-def _dense_plan(
-    kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, bool] | None:
-    """(x, w, bias, linear) for a dense product tango quantizes, or None to leave it float32."""
-    if kind == "linear":
-        x = args[0] if args else kwargs.get("input")
-        w = args[1] if len(args) > 1 else kwargs.get("weight")
-        bias = args[2] if len(args) > 2 else kwargs.get("bias")
-        linear = True
-    elif kind in ("matmul", "mm"):
-        if kwargs or len(args) != 2:
-            return None
-        x, w = args
-        bias, linear = None, False
-    elif kind == "addmm":
-        if len(args) != 3 or any(k not in ("beta", "alpha") for k in kwargs):
-            return None
-        if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
-            return None
-        bias, x, w = args
-        linear = False
-    else:
-        return None
-    if not _is_f32(x, w) or w.dim() != 2 or x.dim() < 2:
-        return None
-    if bias is not None and not (_is_f32(bias) and bias.dim() == 1):
-        return None
-    return x, w, bias, linear

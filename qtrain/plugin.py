@@ -17,13 +17,14 @@ the earlier ones installed, and deactivation runs in reverse.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -62,6 +63,56 @@ DENSE_FUNCTIONS: dict[Callable[..., Any], str] = {
 DenseHandler = Callable[[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 
+class DenseOperands(NamedTuple):
+    """A dense product ``x @ w (+ bias)``, or ``x @ w^T (+ bias)`` when ``linear``."""
+
+    x: torch.Tensor
+    w: torch.Tensor
+    bias: torch.Tensor | None
+    linear: bool
+
+
+def _float32_on(devices: Iterable[str], *tensors: Any) -> bool:
+    return all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type in devices
+        for t in tensors
+    )
+
+
+def dense_operands(
+    kind: str, args: tuple[Any, ...], kwargs: dict[str, Any], devices: Iterable[str] = ("cpu",)
+) -> DenseOperands | None:
+    """The operands of a dense call a plugin may reroute, or None to leave the call as it is.
+
+    Only the plain forms: float32 on ``devices``, a 2-d ``w``, a 1-d bias,
+    ``addmm`` without ``beta`` / ``alpha`` scaling.
+    """
+    if kind == "linear":
+        x = args[0] if args else kwargs.get("input")
+        w = args[1] if len(args) > 1 else kwargs.get("weight")
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        linear = True
+    elif kind in ("matmul", "mm"):
+        if kwargs or len(args) != 2:
+            return None
+        x, w = args
+        bias, linear = None, False
+    elif kind == "addmm":
+        if len(args) != 3 or any(k not in ("beta", "alpha") for k in kwargs):
+            return None
+        if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+            return None
+        bias, x, w = args
+        linear = False
+    else:
+        return None
+    if not _float32_on(devices, x, w) or w.dim() != 2 or x.dim() < 2:
+        return None
+    if bias is not None and not (_float32_on(devices, bias) and bias.dim() == 1):
+        return None
+    return DenseOperands(x, w, bias, linear)
+
+
 @dataclass
 class PluginContext:
     """What a plugin may need to know about the run it is part of."""
@@ -70,6 +121,7 @@ class PluginContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     model: torch.nn.Module | None = None
     dataset: Any = None  # qtrain.data.base.NodeDataset
+    plugins: tuple[str, ...] = ()  # every plugin of the session, in the recipe's order
 
 
 @dataclass(frozen=True)
@@ -229,8 +281,8 @@ class PatchSession:
     """Plugins activated together; a context manager, or activate()/deactivate()."""
 
     def __init__(self, quant: Any, context: PluginContext | None = None) -> None:
-        self.context = context or PluginContext()
         self.names: list[str] = list(quant.plugins)
+        self.context = dataclasses.replace(context or PluginContext(), plugins=tuple(self.names))
         self.plugins: list[Plugin] = [
             PLUGINS.get(name).factory(quant.configs[name], self.context) for name in self.names
         ]

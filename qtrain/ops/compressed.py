@@ -209,6 +209,39 @@ class CompressingCodec:
             flat = flat[:n]
         return flat.reshape(stored.shape).to(stored.dtype)
 
+    # -- the projected product (qtrain.ops.projected) --------------------------
+
+    def encode_projected(self, x: torch.Tensor) -> CompressedTensor | None:
+        """``x`` [rows, width] stored projected (as :meth:`encode` would store it), or None
+        where :meth:`encode` would not project it."""
+        if (
+            self._suspended
+            or x.dim() != 2
+            or x.numel() < MIN_NUMEL
+            or x.shape[1] < MIN_ROW
+            or x.layout != torch.strided
+            or x.dtype != torch.float32
+            or self._projected_width(x, x.shape[1]) is None
+        ):
+            return None
+        stored = self.encode(x)
+        return stored if isinstance(stored, CompressedTensor) and stored.projection else None
+
+    def projected_rows(self, stored: CompressedTensor) -> torch.Tensor:
+        """The dequantized projected rows ``y`` [rows, k]: ``y @ R^T`` is what :meth:`decode`
+        returns (up to float rounding), with ``R`` = :meth:`projection_matrix`."""
+        return compress.dequantize_rows(
+            stored.packed, stored.zero, stored.rng, stored.bits, stored.width, self.backend
+        )
+
+    def projection_matrix(self, stored: CompressedTensor) -> torch.Tensor:
+        """The ``[width, k]`` normalized Rademacher matrix ``stored`` was projected by."""
+        assert stored.projection is not None
+        width, k, offset = stored.projection
+        return compress.rademacher(
+            width, k, self.seed, offset, self.backend, device=stored.packed.device
+        )
+
     # -- helpers -------------------------------------------------------------
 
     def _forget(self, key: tuple) -> Callable[[weakref.ref], None]:
@@ -243,6 +276,17 @@ class CompressingCodec:
         self.stats["masks"] += 1
         return CompressedMask(compress.pack_mask(t.contiguous(), self.backend), t.shape)
 
+    def _projected_width(self, t: torch.Tensor, width: int) -> int | None:
+        """The width ``t``'s rows are projected to, or None when they are stored unprojected."""
+        k = max(projected_width(width, self.rp_ratio), min_projected_width(self.bits))
+        project = (
+            self.rp_ratio > 1
+            and k < width
+            and t.requires_grad
+            and t.untyped_storage().data_ptr() not in self._no_projection
+        )
+        return k if project else None
+
     def _draw(self, n: int) -> int:
         offset = self._offset
         self._offset += n
@@ -261,16 +305,9 @@ class CompressingCodec:
         else:
             rows = x.reshape(t.shape[0], width)
         projection = None
-        k = max(projected_width(rows.shape[1], self.rp_ratio), min_projected_width(self.bits))
-        project = (
-            self.rp_ratio > 1
-            and not blocked
-            and k < rows.shape[1]
-            and t.requires_grad
-            and t.untyped_storage().data_ptr() not in self._no_projection
-        )
+        k = self._projected_width(t, rows.shape[1]) if not blocked else None
         rows = rows.contiguous()
-        if project:  # one pass: the projected tensor is never materialized
+        if k is not None:  # one pass: the projected tensor is never materialized
             offset = self._draw(rows.shape[1] * k)
             projection = (rows.shape[1], k, offset)
             packed, zero, rng = compress.project_quantize_rows(

@@ -1,0 +1,91 @@
+"""Dense products whose saved input is randomly projected (exact-iclr22 section 3.2).
+
+EXACT stores ``y = Q(x R)`` (``R`` the ``[d, k]`` normalized Rademacher
+matrix) for a product ``x @ W`` and, in backward, rebuilds ``x^ = y R^T`` for
+the weight gradient ``x^T g``. Because ``(y R^T)^T g = R (y^T g)``, the same
+gradient (equal in exact arithmetic, so the same unbiased estimate) can be
+formed from the k-column ``y`` directly: backward never builds the d-column
+``x^``, and the weight gradient's product over all rows is k/d the size
+(1/8 at D/R = 8). This is where random projection buys time on a CPU, not
+only memory: the projection costs one pass over ``x`` in forward, the
+smaller product saves more than that in backward.
+
+The stored form is the ``exact`` codec's own (``CompressingCodec.encode``:
+same bits, same counter offsets, shared with any other op that saves ``x``),
+and ``x`` goes through ``save_for_backward``, so the activation meter counts
+exactly the bytes it counted before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from qtrain.ops.compressed import CompressedTensor, CompressingCodec
+
+
+class ProjectedProduct(torch.autograd.Function):
+    """``x @ w (+ bias)`` (``linear``: ``x @ w^T (+ bias)``) for a parameter ``w``, whose
+    backward reads ``x``'s projected stored form."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: torch.Tensor | None,
+        codec: CompressingCodec,
+        stored: CompressedTensor,
+        linear: bool,
+    ) -> torch.Tensor:
+        if linear:
+            out = F.linear(x, w, bias)
+        elif bias is None:
+            out = torch.mm(x, w)
+        else:
+            out = torch.addmm(bias, x, w)
+        ctx.codec, ctx.stored, ctx.w, ctx.linear = codec, stored, w, linear
+        # Saved like any activation, so the hooks in force (the activation meter,
+        # or the exact plugin's own) replace x by the codec's stored form, the
+        # very object backward reads, and count it once however many ops save x.
+        # Backward never unpacks it: that would project it back to full width.
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        codec: CompressingCodec = ctx.codec
+        w: torch.Tensor = ctx.w
+        grad_x = grad_w = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ w if ctx.linear else grad @ w.t()
+        if ctx.needs_input_grad[1]:
+            y = codec.projected_rows(ctx.stored)  # [rows, k]
+            r = codec.projection_matrix(ctx.stored)  # [d, k]
+            grad_w = (grad.t() @ y) @ r.t() if ctx.linear else r @ (y.t() @ grad)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_w, grad_bias, None, None, None
+
+
+def projected_product(
+    codec: CompressingCodec,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    linear: bool,
+) -> torch.Tensor | None:
+    """The product through :class:`ProjectedProduct`, or None where the codec would not
+    project ``x`` (narrow rows, BatchNorm inputs, tensors that need no gradient).
+
+    Only for use under saved-tensor hooks that apply ``codec`` (the ``exact``
+    plugin's): without them autograd would keep ``x`` itself as well.
+    """
+    if x.dim() != 2:
+        return None
+    stored = codec.encode_projected(x)
+    if stored is None:
+        return None
+    return ProjectedProduct.apply(x, w, bias, codec, stored, linear)

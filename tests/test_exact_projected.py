@@ -1,0 +1,158 @@
+"""The exact plugin's projected products: weight gradients from the projected rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qtrain.ops.compressed import CompressingCodec
+from qtrain.ops.projected import projected_product
+from qtrain.train.activations import ActivationMeter, installed_codec
+
+
+@contextmanager
+def _hooks(codec: CompressingCodec) -> Iterator[None]:
+    """The exact plugin's saved-tensor hooks, reduced to the codec."""
+
+    def pack(t: torch.Tensor) -> Any:
+        stored = codec.encode(t)
+        return t if stored is None else (stored,)
+
+    def unpack(held: Any) -> torch.Tensor:
+        return codec.decode(held[0]) if isinstance(held, tuple) else held
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+def _operands(form: str, rows: int, d: int, out: int) -> tuple[Any, ...]:
+    x = torch.randn(rows, d, requires_grad=True)
+    if form == "linear":
+        w = torch.nn.Parameter(torch.randn(out, d))
+    else:
+        w = torch.nn.Parameter(torch.randn(d, out))
+    bias = torch.nn.Parameter(torch.randn(out)) if form in ("linear", "addmm") else None
+    return x, w, bias
+
+
+def _product(form: str, x: torch.Tensor, w: torch.Tensor, bias: Any) -> torch.Tensor:
+    if form == "linear":
+        return F.linear(x, w, bias)
+    if form == "addmm":
+        return torch.addmm(bias, x, w)
+    return x @ w
+
+
+@pytest.mark.parametrize("form", ["linear", "mm", "addmm"])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("d", [37, 64, 256])
+def test_weight_gradient_equals_the_unprojected_one_up_to_rounding(
+    form: str, bits: int, d: int
+) -> None:
+    torch.manual_seed(bits * 1000 + d)
+    x, w, bias = _operands(form, 300, d, 11)
+    params = [p for p in (x, w, bias) if p is not None]
+    grad = torch.randn(300, 11)
+    routed_codec = CompressingCodec(bits, rp_ratio=8, seed=5)
+    with _hooks(routed_codec):
+        out = projected_product(routed_codec, x, w, bias, form == "linear")
+    assert out is not None
+    assert torch.equal(out, _product(form, x, w, bias))  # forward is the float product
+    got = torch.autograd.grad(out, params, grad)
+    # the same stored form, projected back to d columns, as backward had it before
+    codec = CompressingCodec(bits, rp_ratio=8, seed=5)
+    x_hat = codec.decode(codec.encode(x)).requires_grad_()
+    want = torch.autograd.grad(
+        _product(form, x_hat, w, bias), [x_hat, w, bias][: len(params)], grad
+    )
+    assert torch.equal(got[0], want[0])  # the input gradient needs only w
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4 * want[1].abs().max().item())
+    if bias is not None:
+        assert torch.equal(got[2], want[2])
+    assert routed_codec.stats["projected"] == 1
+
+
+def test_products_the_codec_would_not_project_are_left_alone() -> None:
+    codec = CompressingCodec(2, rp_ratio=8)
+    w = torch.nn.Parameter(torch.randn(8, 64))
+    assert projected_product(codec, torch.randn(100, 64), w, None, True) is None  # no grad
+    narrow = torch.randn(100, 16, requires_grad=True)  # 16 -> 2 < 32 / bits: kept
+    assert (
+        projected_product(codec, narrow, torch.nn.Parameter(torch.randn(8, 16)), None, True) is None
+    )
+    batched = torch.randn(4, 100, 64, requires_grad=True)
+    assert projected_product(codec, batched, w, None, True) is None
+    x = torch.randn(100, 64, requires_grad=True)
+    codec.skip_projection(x)  # a BatchNorm input
+    assert projected_product(codec, x, w, None, True) is None
+    with codec.suspended():
+        assert (
+            projected_product(codec, torch.randn(100, 64, requires_grad=True), w, None, True)
+            is None
+        )
+    plain = CompressingCodec(2, rp_ratio=1)
+    assert projected_product(plain, torch.randn(100, 64, requires_grad=True), w, None, True) is None
+    assert codec.stats["projected"] == 0
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 256)
+        self.b = torch.nn.Linear(256, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_plugin_routes_linear_layers_and_the_meter_counts_the_same_bytes() -> None:
+    """tanh saves h; b's product saves it too: one stored form, counted once."""
+    import qtrain
+
+    def step(quant: dict[str, Any]) -> tuple[int, dict[str, Any], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = _Mlp()
+        x = torch.randn(500, 16)
+        with qtrain.patch(quant, seed=3) as session:
+            meter = ActivationMeter(model.parameters(), torch.device("cpu"))
+            with meter.step([x]):
+                model(x).square().sum().backward()
+        return (
+            meter.activation_bytes,
+            session.report()["exact"],
+            [p.grad for p in model.parameters()],
+        )
+
+    plain_bytes, plain, plain_grads = step({"plugin": ["exact"], "exact": {"rp_ratio": 8}})
+    assert plain["projected_products"] == 1  # b; a's input is the step's input
+    # the same codec through the hooks alone: b's weight gradient from x^ = y R^T
+    torch.manual_seed(0)
+    model = _Mlp()
+    x = torch.randn(500, 16)
+    codec = CompressingCodec(2, rp_ratio=8, seed=3)
+    meter = ActivationMeter(model.parameters(), torch.device("cpu"))
+    with installed_codec(codec), meter.step([x]):
+        model(x).square().sum().backward()
+    assert plain_bytes == meter.activation_bytes
+    for got, want in zip(plain_grads, [p.grad for p in model.parameters()], strict=True):
+        assert F.cosine_similarity(got.reshape(-1), want.reshape(-1), dim=0) > 0.9999
+
+
+def test_no_projected_products_with_tango_or_without_projection() -> None:
+    import qtrain
+
+    x = torch.randn(300, 16)
+    for quant in (
+        {"plugin": ["exact"], "exact": {"rp_ratio": 1}},
+        {"plugin": ["tango", "exact"], "exact": {"rp_ratio": 8}},
+    ):
+        model = _Mlp()
+        with qtrain.patch(quant) as session:
+            model(x).sum().backward()
+        assert session.report()["exact"]["projected_products"] == 0
+        assert all(p.grad is not None for p in model.parameters())
