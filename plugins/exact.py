@@ -10,7 +10,10 @@ softmaxes save FP32 (their backward exponentiates what they save). BatchNorm inp
 are quantized but never projected; parameters and the step's inputs are
 never compressed (the activation meter passes them by reference; in a
 user's own loop under ``qtrain.patch``, leaves that require grad and views of
-them are passed).
+them are passed). With a projection, dense products by a parameter
+(``nn.Linear``, ``matmul``, ``addmm``) take their weight gradient from the
+projected rows instead of projecting them back (``qtrain.ops.projected``),
+unless tango, which quantizes those products itself, is active.
 
 Inside ``qtrain run`` it works through the trainer's saved-tensor hooks (the
 activation meter), so it composes with mini-batch training and with
