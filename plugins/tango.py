@@ -37,7 +37,14 @@ from qtrain.ops.functions import (
 )
 from qtrain.ops.graph import graph_csr
 from qtrain.ops.policy import QuantPolicy
-from qtrain.plugin import Patcher, Plugin, PluginContext, dense_operands, register_plugin
+from qtrain.plugin import (
+    Patcher,
+    Plugin,
+    PluginContext,
+    dense_operands,
+    float32_on,
+    register_plugin,
+)
 from qtrain.quant.cache import QuantCache
 
 FP32 = "fp32"
@@ -87,13 +94,6 @@ class _Fp32Region:
 
     def reset(self, *_: Any) -> None:
         self._local.depth = 0
-
-
-def _is_f32(*tensors: Any) -> bool:
-    return all(
-        isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type in _DEVICES
-        for t in tensors
-    )
 
 
 @register_plugin
@@ -194,7 +194,7 @@ class TangoPlugin(Plugin):
             return "output layer (fp32_before_softmax)"
         if gidx.number_of_etypes() != 1:
             return "heterogeneous graph"
-        if not _is_f32(*tensors):
+        if not float32_on(_DEVICES, *tensors):
             return "operand not a float32 tensor on a supported device"
         return None
 

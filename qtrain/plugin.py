@@ -72,7 +72,8 @@ class DenseOperands(NamedTuple):
     linear: bool
 
 
-def _float32_on(devices: Iterable[str], *tensors: Any) -> bool:
+def float32_on(devices: Iterable[str], *tensors: Any) -> bool:
+    """Every one of ``tensors`` is a float32 tensor on one of ``devices`` (types like "cpu")."""
     return all(
         isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type in devices
         for t in tensors
@@ -106,9 +107,9 @@ def dense_operands(
         linear = False
     else:
         return None
-    if not _float32_on(devices, x, w) or w.dim() != 2 or x.dim() < 2:
+    if not float32_on(devices, x, w) or w.dim() != 2 or x.dim() < 2:
         return None
-    if bias is not None and not (_float32_on(devices, bias) and bias.dim() == 1):
+    if bias is not None and not (float32_on(devices, bias) and bias.dim() == 1):
         return None
     return DenseOperands(x, w, bias, linear)
 
