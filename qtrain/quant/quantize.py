@@ -98,22 +98,11 @@ def quantize_symmetric(
     uses counters ``offset .. offset + numel - 1`` of stream ``seed``, so the
     caller picks disjoint offsets for tensors that must not share randomness.
     """
-    bits = check_bits(bits)
-    rounding = check_rounding(rounding)
-    xf = as_float32(x)
-    n = xf.numel()
-    # validated for both roundings, as the compiled backends do
-    seed = normalize_seed(seed)
-    check_counter_range(n, offset)
-    if n == 0:
-        return (
-            torch.empty(xf.shape, dtype=torch.int8, device=xf.device),
-            torch.zeros((), dtype=torch.float32, device=xf.device),
-        )
-    absmax = xf.abs().max().item()
+    xf, bits, rounding, seed = _checked(x, bits, rounding, seed, offset)
+    absmax = xf.abs().max().item() if xf.numel() else 0.0  # scale 0 for an empty x
     if not np.isfinite(absmax):
         raise ValueError("x contains NaN or Inf; quantization needs finite values")
-    return quantize_with_absmax(xf, absmax, bits, rounding, seed, offset)
+    return _quantize_checked(xf, absmax, bits, rounding, seed, offset)
 
 
 def quantize_with_absmax(
@@ -130,13 +119,29 @@ def quantize_with_absmax(
     with a range computed earlier). With ``absmax = max |x|`` this is
     ``quantize_symmetric`` bit for bit; an empty x gets the scale of ``absmax``.
     """
+    xf, bits, rounding, seed = _checked(x, bits, rounding, seed, offset)
+    return _quantize_checked(xf, absmax, bits, rounding, seed, offset)
+
+
+def _checked(
+    x: torch.Tensor, bits: int, rounding: str, seed: int, offset: int
+) -> tuple[torch.Tensor, int, str, int]:
+    """(float32 x, bits, rounding, seed) validated, the counter range included for both
+    roundings, as the compiled backends do."""
     bits = check_bits(bits)
     rounding = check_rounding(rounding)
     xf = as_float32(x)
+    seed = normalize_seed(seed)
+    check_counter_range(xf.numel(), offset)
+    return xf, bits, rounding, seed
+
+
+def _quantize_checked(
+    xf: torch.Tensor, absmax: float, bits: int, rounding: str, seed: int, offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The symmetric rounding rule on arguments :func:`_checked` has validated."""
     qmax = qmax_for(bits)
     n = xf.numel()
-    seed = normalize_seed(seed)
-    check_counter_range(n, offset)
     pre, inv, scale = scale_params(absmax, qmax)
     scale_t = torch.tensor(scale, dtype=torch.float32, device=xf.device)
     if n == 0:
