@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -464,15 +465,35 @@ struct QuantizeArgs {
   rng::Keys keys;
   uint64_t offset;
   uint8_t* packed;
-  uint16_t* zero;
-  uint16_t* range;
+  // bfloat16 bits per row; byte pointers, as a message segment may place them at an odd
+  // byte (store_u16 / load_u16 copy through memcpy, which compiles to plain moves)
+  uint8_t* zero;
+  uint8_t* range;
 };
+
+QT_ALWAYS_INLINE void store_u16(uint8_t* base, int64_t i, uint16_t v) {
+  std::memcpy(base + 2 * i, &v, sizeof v);
+}
+
+QT_ALWAYS_INLINE uint16_t load_u16(const uint8_t* base, int64_t i) {
+  uint16_t v;
+  std::memcpy(&v, base + 2 * i, sizeof v);
+  return v;
+}
 
 // Where quantize_block reads row r: a row of the input itself ...
 struct InputRows {
   const float* x;
   int64_t width;
   const float* operator()(int64_t r) const { return x + r * width; }
+};
+
+// ... or the row of x that index[r] names (a message gathered while it is quantized) ...
+struct IndexedInputRows {
+  const float* x;
+  int64_t width;
+  const int64_t* index;
+  const float* operator()(int64_t r) const { return x + index[r] * width; }
 };
 
 // Sign bits of the [d, k] Rademacher matrix (entry (i, j) at counter offset + i*k + j)
@@ -565,8 +586,8 @@ void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1, Rows& rows) {
     if (rb != db) rb += 0x10000u;
     const float range = as_float(rb);
     const float inv = range > 0.0f ? top / range : 0.0f;
-    a.zero[r] = static_cast<uint16_t>(zb >> 16);
-    a.range[r] = static_cast<uint16_t>(rb >> 16);
+    store_u16(a.zero, r, static_cast<uint16_t>(zb >> 16));
+    store_u16(a.range, r, static_cast<uint16_t>(rb >> 16));
 
     for (int64_t j = 0; j < width;) {
       uint8_t* dst;
@@ -609,8 +630,8 @@ void quantize_block(const QuantizeArgs& a, int64_t r0, int64_t r1, Rows& rows) {
 struct DequantizeArgs {
   const Kernels* K;
   const uint8_t* packed;
-  const uint16_t* zero;
-  const uint16_t* range;
+  const uint8_t* zero;  // bfloat16 bits per row, read with load_u16
+  const uint8_t* range;
   int64_t width;
   int64_t bits;
 };
@@ -622,6 +643,30 @@ struct OutputRows {
   int64_t width;
   float* row(int64_t r) const { return out + r * width; }
   void done(int64_t) const {}
+};
+
+// ... or into the row of out that index[r] names (a message scattered as it is decoded),
+// or, with `add`, through a per-thread stage row added onto that row ...
+class IndexedOutputRows {
+ public:
+  IndexedOutputRows(float* out, int64_t width, const int64_t* index, bool add)
+      : out_(out), width_(width), index_(index), add_(add),
+        stage_(add ? static_cast<size_t>(width) : 0) {}
+
+  float* row(int64_t r) { return add_ ? stage_.data() : out_ + index_[r] * width_; }
+  void done(int64_t r) {
+    if (!add_) return;
+    float* __restrict o = out_ + index_[r] * width_;
+    const float* __restrict s = stage_.data();
+    for (int64_t j = 0; j < width_; ++j) o[j] += s[j];
+  }
+
+ private:
+  float* out_;
+  int64_t width_;
+  const int64_t* index_;
+  bool add_;
+  std::vector<float> stage_;
 };
 
 // ... or into a stage of kStageRows rows of k values that is projected back to d
@@ -668,8 +713,8 @@ void dequantize_block(const DequantizeArgs& a, int64_t r0, int64_t r1, Sink& sin
   const uint8_t* in = a.packed + r0 * width / 8 * a.bits;
   const PackFn unpack = a.bits == 8 ? nullptr : K.unpack[bits_index(a.bits)];
   for (int64_t r = r0; r < r1; ++r) {
-    const float zero = as_float(static_cast<uint32_t>(a.zero[r]) << 16);
-    const float step = as_float(static_cast<uint32_t>(a.range[r]) << 16) / levels;
+    const float zero = as_float(static_cast<uint32_t>(load_u16(a.zero, r)) << 16);
+    const float step = as_float(static_cast<uint32_t>(load_u16(a.range, r)) << 16) / levels;
     float* orow = sink.row(r);
     if (unpack == nullptr) {
       K.dequant(a.packed + r * width, orow, width, step, zero);
@@ -738,8 +783,8 @@ QuantizeArgs quantize_args(QuantizedRows& q, int64_t width, int64_t bits, bool s
   a.keys = rng::keys_from_seed(seed);
   a.offset = static_cast<uint64_t>(offset);
   a.packed = static_cast<uint8_t*>(q.packed.mutable_data_ptr());
-  a.zero = static_cast<uint16_t*>(q.zero.mutable_data_ptr());
-  a.range = static_cast<uint16_t*>(q.range.mutable_data_ptr());
+  a.zero = static_cast<uint8_t*>(q.zero.mutable_data_ptr());
+  a.range = static_cast<uint8_t*>(q.range.mutable_data_ptr());
   return a;
 }
 
@@ -780,8 +825,8 @@ DequantizeArgs dequantize_args(const QuantizedInput& q, int64_t bits, int64_t wi
   DequantizeArgs a;
   a.K = &kernels();
   a.packed = static_cast<const uint8_t*>(q.packed.const_data_ptr());
-  a.zero = static_cast<const uint16_t*>(q.zero.const_data_ptr());
-  a.range = static_cast<const uint16_t*>(q.range.const_data_ptr());
+  a.zero = static_cast<const uint8_t*>(q.zero.const_data_ptr());
+  a.range = static_cast<const uint8_t*>(q.range.const_data_ptr());
   a.width = width;
   a.bits = bits;
   return a;
@@ -877,6 +922,147 @@ at::Tensor dequantize_unproject_rows(const at::Tensor& packed_in, const at::Tens
       },
       d);
   return out;
+}
+
+namespace {
+
+// bytes of a message segment: packed values, then bfloat16 zeros and ranges
+int64_t segment_bytes(int64_t rows, int64_t width, int64_t bits) {
+  return rows == 0 ? 0 : packed_bytes(rows * width, bits) + 4 * rows;
+}
+
+// A validated contiguous int64 row index of `rows` entries into a tensor of `limit` rows;
+// with `unique`, no row twice (threads write the rows it names).
+at::Tensor check_row_index(const char* fn, const at::Tensor& index_in, int64_t limit,
+                           bool unique) {
+  TORCH_CHECK_TYPE(index_in.scalar_type() == at::kLong && index_in.dim() == 1, fn,
+                   ": index must be a 1-d int64 tensor, got ", index_in.scalar_type(), " ",
+                   index_in.sizes());
+  TORCH_CHECK_VALUE(index_in.device().is_cpu(), fn, ": index must be a CPU tensor");
+  at::Tensor index = index_in.contiguous();
+  const int64_t* ip = index.const_data_ptr<int64_t>();
+  std::vector<uint8_t> seen(unique ? static_cast<size_t>(limit) : 0, 0);
+  for (int64_t i = 0; i < index.numel(); ++i) {
+    TORCH_CHECK_INDEX(ip[i] >= 0 && ip[i] < limit, fn, ": index[", i, "] = ", ip[i],
+                      " is outside [0, ", limit, ")");
+    if (unique) {
+      TORCH_CHECK_VALUE(!seen[static_cast<size_t>(ip[i])], fn, ": index names row ", ip[i],
+                        " twice; each row may be written once");
+      seen[static_cast<size_t>(ip[i])] = 1;
+    }
+  }
+  return index;
+}
+
+void check_segment(const char* fn, const at::Tensor& segment, int64_t expected) {
+  TORCH_CHECK_TYPE(segment.scalar_type() == at::kByte && segment.dim() == 1, fn,
+                   ": the segment must be a 1-d uint8 tensor, got ", segment.scalar_type(), " ",
+                   segment.sizes());
+  TORCH_CHECK_VALUE(segment.device().is_cpu() && segment.is_contiguous(), fn,
+                    ": the segment must be a contiguous CPU tensor");
+  TORCH_CHECK_VALUE(segment.numel() == expected, fn, ": the segment has ", segment.numel(),
+                    " bytes, its rows need ", expected);
+}
+
+}  // namespace
+
+void quantize_rows_into(const at::Tensor& x_in, const std::optional<at::Tensor>& index_in,
+                        int64_t bits, bool stochastic, uint64_t seed, int64_t offset,
+                        at::Tensor out) {
+  constexpr const char* fn = "qtrain._ext.quantize_rows_into";
+  check_bits(fn, bits);
+  check_rows_input(fn, x_in);
+  const int64_t width = x_in.size(1);
+  const at::Tensor index =
+      index_in.has_value() ? check_row_index(fn, *index_in, x_in.size(0), false) : at::Tensor();
+  const int64_t rows = index.defined() ? index.numel() : x_in.size(0);
+  TORCH_CHECK_VALUE(width == 0 || rows <= (int64_t{1} << 60) / width, fn,
+                    ": rows * width too large: ", rows, " x ", width);
+  check_count(fn, rows * width);
+  check_counter_range(fn, rows * width, offset);
+  check_segment(fn, out, segment_bytes(rows, width, bits));
+  if (rows == 0) return;
+  uint8_t* o = static_cast<uint8_t*>(out.mutable_data_ptr());
+  const int64_t n_packed = packed_bytes(rows * width, bits);
+  if (width == 0) {  // no values: each row's zero and range are those of an empty row
+    std::memset(o, 0, static_cast<size_t>(4 * rows));
+    return;
+  }
+  const at::Tensor x = x_in.contiguous();
+  QuantizeArgs a;
+  a.K = &kernels();
+  a.width = width;
+  a.bits = bits;
+  a.stochastic = stochastic;
+  a.keys = rng::keys_from_seed(seed);
+  a.offset = static_cast<uint64_t>(offset);
+  a.packed = o;
+  a.zero = o + n_packed;
+  a.range = o + n_packed + 2 * rows;
+  if (index.defined()) {
+    IndexedInputRows src{x.const_data_ptr<float>(), width, index.const_data_ptr<int64_t>()};
+    parallel_rows(rows, width,
+                  [&](int, int64_t r0, int64_t r1) { quantize_block(a, r0, r1, src); });
+  } else {
+    InputRows src{x.const_data_ptr<float>(), width};
+    parallel_rows(rows, width,
+                  [&](int, int64_t r0, int64_t r1) { quantize_block(a, r0, r1, src); });
+  }
+}
+
+void dequantize_rows_into(const at::Tensor& segment, int64_t rows, int64_t bits, at::Tensor out,
+                          const std::optional<at::Tensor>& index_in, bool add) {
+  constexpr const char* fn = "qtrain._ext.dequantize_rows_into";
+  check_bits(fn, bits);
+  TORCH_CHECK_TYPE(out.scalar_type() == at::kFloat && out.dim() == 2, fn,
+                   ": out must be a 2-d float32 tensor [rows, width], got ", out.scalar_type(),
+                   " ", out.sizes());
+  TORCH_CHECK_VALUE(out.device().is_cpu() && out.is_contiguous(), fn,
+                    ": out must be a contiguous CPU tensor");
+  TORCH_CHECK_VALUE(rows >= 0, fn, ": rows must be >= 0, got ", rows);
+  const int64_t width = out.size(1);
+  at::Tensor index;
+  if (index_in.has_value()) {
+    index = check_row_index(fn, *index_in, out.size(0), true);
+    TORCH_CHECK_VALUE(index.numel() == rows, fn, ": index has ", index.numel(),
+                      " entries for ", rows, " rows");
+  } else {
+    TORCH_CHECK_VALUE(rows == out.size(0), fn, ": without an index the segment's ", rows,
+                      " rows must fill out's ", out.size(0));
+  }
+  TORCH_CHECK_VALUE(width == 0 || rows <= (int64_t{1} << 60) / width, fn,
+                    ": rows * width too large: ", rows, " x ", width);
+  check_segment(fn, segment, segment_bytes(rows, width, bits));
+  if (rows == 0 || width == 0) return;
+  const uint8_t* in = static_cast<const uint8_t*>(segment.const_data_ptr());
+  const int64_t n_packed = packed_bytes(rows * width, bits);
+  DequantizeArgs a;
+  a.K = &kernels();
+  a.packed = in;
+  a.zero = in + n_packed;
+  a.range = in + n_packed + 2 * rows;
+  a.width = width;
+  a.bits = bits;
+  float* op = out.mutable_data_ptr<float>();
+  if (!index.defined() && !add) {
+    OutputRows sink{op, width};
+    parallel_rows(rows, width,
+                  [&](int, int64_t r0, int64_t r1) { dequantize_block(a, r0, r1, sink); });
+    return;
+  }
+  std::vector<int64_t> iota;
+  const int64_t* ip = nullptr;
+  if (index.defined()) {
+    ip = index.const_data_ptr<int64_t>();
+  } else {
+    iota.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) iota[static_cast<size_t>(r)] = r;
+    ip = iota.data();
+  }
+  parallel_rows(rows, width, [&](int, int64_t r0, int64_t r1) {
+    IndexedOutputRows sink(op, width, ip, add);
+    dequantize_block(a, r0, r1, sink);
+  });
 }
 
 at::Tensor pack_bits(const at::Tensor& values_in, int64_t bits) {

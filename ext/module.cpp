@@ -111,6 +111,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>(),
         "float32 [rows, width] from quantize_rows' output: q * fl32(range / (2^bits - 1)) +\n"
         "zero per row. Bit-identical to qtrain.quant.rowwise.dequantize_rows.");
+  m.def("quantize_rows_into", &qtrain::quantize_rows_into, py::arg("x"), py::arg("index"),
+        py::arg("bits"), py::arg("stochastic"), py::arg("seed"), py::arg("offset"),
+        py::arg("out"), py::call_guard<py::gil_scoped_release>(),
+        "quantize_rows(x[index], ...) written into the uint8 segment `out` (packed values,\n"
+        "then bfloat16 zeros, then ranges) without the gathered rows; index None: all of x.\n"
+        "Bit-identical to qtrain.quant.rowwise.quantize_rows of the gathered rows.");
+  m.def("dequantize_rows_into", &qtrain::dequantize_rows_into, py::arg("segment"),
+        py::arg("rows"), py::arg("bits"), py::arg("out"), py::arg("index"), py::arg("add"),
+        py::call_guard<py::gil_scoped_release>(),
+        "The rows of a quantize_rows_into segment dequantized into out[index] (add: added\n"
+        "onto them); index None: out's rows in order. Bit-identical to dequantize_rows.");
   m.def("project_quantize_rows", &qtrain::project_quantize_rows, py::arg("x"), py::arg("k"),
         py::arg("bits"), py::arg("stochastic") = true, py::arg("seed") = 0, py::arg("offset") = 0,
         py::arg("projection_offset") = 0, py::call_guard<py::gil_scoped_release>(),

@@ -48,6 +48,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows(const at::Tensor& x
 at::Tensor dequantize_rows(const at::Tensor& packed, const at::Tensor& zero,
                            const at::Tensor& range, int64_t bits, int64_t width);
 
+// Halo message segments (qtrain/dist/exchange.py): quantize_rows of the rows x[index]
+// (all of x without an index) written into `out`, uint8 [packed bytes + 4 * rows]: the
+// packed values, then the bfloat16 zeros, then the ranges.
+void quantize_rows_into(const at::Tensor& x, const std::optional<at::Tensor>& index, int64_t bits,
+                        bool stochastic, uint64_t seed, int64_t offset, at::Tensor out);
+
+// The `rows` rows of such a segment dequantized into out[index] (out's rows in order
+// without an index), or added onto them with `add`; index names each row at most once.
+void dequantize_rows_into(const at::Tensor& segment, int64_t rows, int64_t bits, at::Tensor out,
+                          const std::optional<at::Tensor>& index, bool add);
+
 // quantize_rows of x [rows, d] projected to k columns by the Rademacher matrix at
 // projection_offset (qtrain/quant/projection.py project_rows), in one pass over x.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_quantize_rows(

@@ -16,8 +16,9 @@ from conftest import ext_or_skip
 
 from qtrain._compat import import_dgl
 from qtrain.dist.adaptive import message_coefficients
-from qtrain.dist.exchange import BitPlan, decode, encode, message_bytes
+from qtrain.dist.exchange import BitPlan, Layout, decode_segment, encode_segment, message_bytes
 from qtrain.dist.partition import assign_parts, build_partition
+from qtrain.quant import rowwise
 
 RECIPE = """
 [model]
@@ -122,6 +123,11 @@ def test_message_coefficients_sum_the_readers_alphas(how: str) -> None:
 # ------------------------------------------------------------------ messages
 
 
+def _one_peer_layout(plan: BitPlan, rows: torch.Tensor | int, dim: int) -> Layout:
+    """Rank 1's layout of a message to rank 0 (rank 1's own entry stays empty)."""
+    return Layout.build(plan, [rows, 0], dim, rank=1)
+
+
 @pytest.mark.parametrize("bits", [2, 4, 8, 32])
 @pytest.mark.parametrize("shape", [(7, 5), (1, 1), (0, 3), (33, 17)])
 def test_messages_round_trip_within_one_level(bits: int, shape: tuple[int, int]) -> None:
@@ -131,21 +137,81 @@ def test_messages_round_trip_within_one_level(bits: int, shape: tuple[int, int])
     if shape[0] > 2:
         x[1] = 0.0  # a zero row
         x[2] = 3.0  # a constant row
-    buf = encode(x, bits, seed=1, offset=0)
-    assert buf.dtype == torch.uint8 and buf.numel() == message_bytes(*shape, bits)
-    # segments land at any byte offset of the receive buffer
-    shifted = torch.cat([torch.zeros(3, dtype=torch.uint8), buf])[3:]
-    y = decode(shifted, *shape, bits)
-    assert y.shape == x.shape
+    layout = _one_peer_layout(BitPlan.uniform([shape[0], 0], bits), 0, shape[1])
+    (seg,) = layout.peers[0].segments or (None,)
+    assert layout.peers[0].nbytes == message_bytes(*shape, bits)
+    assert layout.peers[0].direct == (bits == 32 and shape[0] > 0)  # the rows go on the wire
+    if seg is None:
+        return
+    buf = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    encode_segment(x, seg, buf, seed=1, offset=0)
+    y = torch.full(shape, float("nan"))
+    decode_segment(buf, seg, y, add=False)
     if bits == 32:
         assert torch.equal(y, x)
-    elif shape[0]:
+    else:
         # one level of the row's range, widened by the bfloat16 rounding of zero and range
         span = x.amax(1) - x.amin(1) + 2**-6 * x.abs().amax(1)
         step = span / (2**bits - 1)
         assert bool(((y - x).abs() <= step[:, None] + 1e-6).all())
         if shape[0] > 2:
             assert torch.equal(y[1], x[1]) and torch.equal(y[2], x[2])
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_mixed_width_messages_land_on_their_rows(add: bool) -> None:
+    """A message over indexed rows with every width, decoded onto a contiguous run (the
+    halo, forward) or added onto indexed rows (owned gradients, backward), equals
+    quantizing each width's rows by the reference and placing them by hand."""
+    ext_or_skip()
+    g = torch.Generator().manual_seed(3)
+    source = torch.randn(40, 19, generator=g)
+    source[5] = 2.5  # a constant row
+    sent = torch.randperm(40, generator=g)[:23]  # the rows of this message, in plan order
+    plan = BitPlan([torch.tensor([32, 8, 4, 2] * 5 + [8, 2, 2]), torch.empty(0, dtype=torch.int64)])
+    send = _one_peer_layout(plan, sent, 19)
+    assert [s.bits for s in send.peers[0].segments] == [32, 8, 4, 2]
+    received_at = torch.randperm(30, generator=g)[:23] if add else 4
+    recv = _one_peer_layout(plan, received_at, 19)
+    buf = torch.zeros(send.nbytes, dtype=torch.uint8)
+    offset = 1000
+    for seg in send.peers[0].segments:
+        encode_segment(source, seg, buf, seed=9, offset=offset)
+        offset += seg.rows * 19
+    dest = torch.randn(30, 19, generator=g)
+    expect = dest.clone()
+    offset = 1000
+    for seg in recv.peers[0].segments:
+        decode_segment(buf, seg, dest, add=add)
+        rows = source[sent[seg.where]]
+        if seg.bits != 32:
+            q = rowwise.quantize_rows(rows, seg.bits, "stochastic", 9, offset)
+            rows = rowwise.dequantize_rows(*q, seg.bits, 19)
+        offset += seg.rows * 19
+        at = received_at[seg.where] if add else 4 + seg.where
+        expect[at] = expect[at] + rows if add else rows
+    assert torch.equal(dest, expect)
+
+
+def test_traced_ranges_come_from_the_encoded_message() -> None:
+    """The assigner's row ranges, in plan order: exact for 32-bit rows, for the others the
+    range their segment stored (the one their quantization step is made of)."""
+    ext_or_skip()
+    from qtrain.dist.exchange import _row_ranges
+
+    source = torch.randn(12, 9) * torch.arange(1, 13).float()[:, None]
+    sent = torch.tensor([11, 3, 5, 0, 7, 2])
+    plan = BitPlan([torch.tensor([2, 32, 8, 4, 32, 2]), torch.empty(0, dtype=torch.int64)])
+    layout = _one_peer_layout(plan, sent, 9)
+    buf = torch.zeros(layout.nbytes, dtype=torch.uint8)
+    for seg in layout.peers[0].segments:
+        encode_segment(source, seg, buf, seed=0, offset=0)
+    got = _row_ranges(source, layout.peers[0], buf)
+    exact = source[sent].amax(1) - source[sent].amin(1)
+    assert torch.equal(got[[1, 4]], exact[[1, 4]])
+    quantized = [0, 2, 3, 5]
+    stored = rowwise.quantize_rows(source[sent[quantized]], 2, "nearest")[2].float()
+    assert torch.equal(got[quantized], stored) and bool((stored >= exact[quantized]).all())
 
 
 def test_bit_plan_groups_rows_by_width() -> None:

@@ -616,3 +616,108 @@ def test_fused_projection_dispatch_is_counted() -> None:
         _assert_same(got, want)
     finally:
         dispatch.reset()
+
+
+# ------------------------------------------------------------------ message segments
+
+
+def _segment_reference(
+    x: torch.Tensor, index: torch.Tensor | None, bits: int, seed: int, offset: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(segment bytes, dequantized rows) of x[index] by the reference row kernels."""
+    rows = x if index is None else x[index]
+    packed, zero, rng = ref.quantize_rows(rows, bits, "stochastic", seed, offset)
+    segment = torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)])
+    if rows.shape[0] == 0:
+        segment = segment[:0]
+    return segment, ref.dequantize_rows(packed, zero, rng, bits, x.shape[1])
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_ext_segments_match_reference(bits: int, isas: list[str], threads: None) -> None:
+    """Gathered, quantized and laid out in one pass == gather, quantize_rows, concatenate;
+    decoded into (or added onto) indexed rows == dequantize_rows, then scatter."""
+    ext = ext_or_skip()
+    g = torch.Generator().manual_seed(bits)
+    for width in (1, 5, 17, 129, 256):
+        x = varied_rows(300, width, seed=width + bits)
+        for index in (
+            None,
+            torch.randperm(300, generator=g)[:97],
+            torch.tensor([4, 4, 0]),
+            torch.empty(0, dtype=torch.int64),
+        ):
+            for seed, offset in STREAMS:
+                want, back = _segment_reference(x, index, bits, seed, offset)
+                rows = back.shape[0]
+                where = torch.randperm(rows + 11, generator=g)[:rows]
+                base = torch.randn(rows + 11, width, generator=g)
+                for i, isa in enumerate(isas):
+                    ext.set_isa(isa)
+                    torch.set_num_threads(1 + i % 2)
+                    why = (isa, width, None if index is None else index.numel(), seed, offset)
+                    out = torch.full((ref.segment_bytes(rows, width, bits),), 7, dtype=torch.uint8)
+                    compress.quantize_rows_into(
+                        x, index, bits, seed, offset, out, backend="ext-cpu"
+                    )
+                    assert torch.equal(out, want), why
+                    ref_out = torch.empty_like(out)
+                    compress.quantize_rows_into(
+                        x, index, bits, seed, offset, ref_out, backend="reference"
+                    )
+                    assert torch.equal(ref_out, want), why
+                    for add in (False, True):
+                        for backend in ("ext-cpu", "reference"):
+                            got = base.clone()
+                            compress.dequantize_rows_into(out, rows, bits, got, where, add, backend)
+                            expect = base.clone()
+                            expect[where] = base[where] + back if add else back
+                            assert torch.equal(float_bits(got), float_bits(expect)), (
+                                *why,
+                                add,
+                                backend,
+                            )
+                    in_order = torch.empty(rows, width)
+                    compress.dequantize_rows_into(out, rows, bits, in_order, backend="ext-cpu")
+                    assert torch.equal(float_bits(in_order), float_bits(back)), why
+
+
+def test_ext_segments_split_across_threads_and_at_odd_bytes(threads: None) -> None:
+    """Enough rows for two threads; a segment whose zero points start at an odd byte."""
+    ext = ext_or_skip()
+    x = varied_rows(5000, 129, seed=5)
+    index = torch.randperm(5000)[:4321]
+    for bits in BITS:
+        want, back = _segment_reference(x, index, bits, 3, 2**32 - 77)
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            out = torch.empty(want.numel() + 1, dtype=torch.uint8)[1:]  # an odd address
+            ext.quantize_rows_into(x, index, bits, True, 3, 2**32 - 77, out)
+            assert torch.equal(out, want), (bits, nt)
+            into = torch.zeros(4321, 129)
+            ext.dequantize_rows_into(out, 4321, bits, into, None, True)
+            assert torch.equal(float_bits(into), float_bits(back + 0.0)), (bits, nt)
+
+
+def test_ext_segment_argument_errors() -> None:
+    ext = ext_or_skip()
+    x = torch.randn(6, 5)
+    out = torch.empty(ref.segment_bytes(3, 5, 4), dtype=torch.uint8)
+    with pytest.raises(IndexError, match=r"index\[1\] = 6 is outside \[0, 6\)"):
+        ext.quantize_rows_into(x, torch.tensor([0, 6, 1]), 4, True, 0, 0, out)
+    with pytest.raises(ValueError, match="the segment has 20 bytes, its rows need 33"):
+        ext.quantize_rows_into(x, torch.tensor([0, 1, 2, 3, 4]), 4, True, 0, 0, out[:20].clone())
+    with pytest.raises(TypeError, match="index must be a 1-d int64 tensor"):
+        ext.quantize_rows_into(x, torch.tensor([0.0]), 4, True, 0, 0, out)
+    ext.quantize_rows_into(x, torch.tensor([0, 1, 2]), 4, True, 0, 0, out)
+    into = torch.zeros(4, 5)
+    with pytest.raises(ValueError, match="index names row 1 twice"):
+        ext.dequantize_rows_into(out, 3, 4, into, torch.tensor([1, 0, 1]), False)
+    with pytest.raises(ValueError, match="index names a row twice"):
+        ref.dequantize_rows_into(out, 3, 4, into, torch.tensor([1, 0, 1]), False)
+    with pytest.raises(ValueError, match="without an index the segment's 3 rows must fill out's 4"):
+        ext.dequantize_rows_into(out, 3, 4, into, None, False)
+    with pytest.raises(ValueError, match="out must be a contiguous CPU tensor"):
+        ext.dequantize_rows_into(out, 3, 4, torch.zeros(5, 3).t(), torch.tensor([0, 1, 2]), False)
+    with pytest.raises(ValueError, match="bits"):
+        ext.quantize_rows_into(x, None, 3, True, 0, 0, out)

@@ -3,18 +3,26 @@
 Before every GNN layer after the first, worker ``r`` sends to each peer ``p``
 the rows of its nodes that ``p`` reads (``Partition.send_index[p]``) and
 receives its halo rows; in backward the halo rows' gradients travel back to
-their owners and are added to theirs. One ``all_to_all_single`` over bytes
-per exchange: split sizes may differ per peer (gloo's list form ``all_to_all``
-refuses uneven sizes), and both sides know every size in advance from the
-row counts, the width and the bit plan, so nothing but the payload is sent.
+their owners and are added to theirs. Messages go point to point in ring
+rounds (``isend`` / ``irecv``), so their sizes may differ per peer (gloo's
+``all_to_all`` refuses uneven sizes); both sides know every size in advance
+from the row counts, the width and the bit plan, so nothing but the payload
+is sent.
 
 A message to one peer is the concatenation of one segment per bit width
 (adaqp-mlsys23 section 3.3): the rows that travel at ``b`` bits, in plan
-order, quantized per row by ``qtrain.ops.compress.quantize_rows`` (zero point
-= the row's minimum and range rounded outwards to bfloat16, stochastic
+order, quantized per row by ``qtrain.ops.compress.quantize_rows_into`` (zero
+point = the row's minimum and range rounded outwards to bfloat16, stochastic
 rounding, values bit-packed) followed by their bfloat16 zero points and
 ranges; at 32 bits the float32 rows themselves. The bytes counted
-(``bytes_sent``) are the buffers' sizes, excluding a worker's own share.
+(``bytes_sent``) are the messages' sizes, excluding a worker's own share.
+
+Each segment is gathered and quantized in one pass straight into the
+exchange's send buffer, and decoded straight into the rows that read it:
+the layer's source tensor (owned rows, then halo) forward, the owned rows'
+gradient (added) backward. The buffers are kept per exchange and reused
+every step. A 32-bit message whose rows are contiguous on its side of the
+wire is sent from, or received into, those rows themselves.
 """
 
 from __future__ import annotations
@@ -32,9 +40,10 @@ from qtrain.ops import compress
 from qtrain.quant.rng import normalize_seed
 
 MESSAGE_BITS = (2, 4, 8, 32)
-# segment order inside a message: float32 rows first, so they start at byte 0 of the
-# received buffer and decode as a view of it, with no copy
+# segment order inside a message: float32 rows first, so they start at the message's
+# first byte, which is aligned in the exchange buffer (a float32 view needs no copy)
 SEGMENT_ORDER = (32, 8, 4, 2)
+_ALIGN = 64  # bytes: where each peer's message starts in an exchange buffer
 
 
 def message_bytes(rows: int, dim: int, bits: int) -> int:
@@ -44,32 +53,6 @@ def message_bytes(rows: int, dim: int, bits: int) -> int:
     if bits == 32:
         return rows * dim * 4
     return (rows * dim * bits + 7) // 8 + rows * 4  # packed values, bf16 zero + range
-
-
-def encode(rows: torch.Tensor, bits: int, seed: int, offset: int) -> torch.Tensor:
-    """One segment as uint8 bytes (see the module docstring)."""
-    rows = rows.detach().to(torch.float32).contiguous()
-    if rows.shape[0] == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    if bits == 32:
-        return rows.reshape(-1).view(torch.uint8)
-    packed, zero, rng = compress.quantize_rows(rows, bits, "stochastic", seed, offset)
-    return torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)])
-
-
-def decode(buf: torch.Tensor, rows: int, dim: int, bits: int) -> torch.Tensor:
-    """float32 ``[rows, dim]`` back from :func:`encode`'s bytes."""
-    if rows == 0:
-        return torch.empty(0, dim, dtype=torch.float32)
-    # segments start at any byte of the received buffer: copy before viewing wider types
-    if bits == 32:
-        if buf.data_ptr() % 4:  # views of wider types need aligned storage
-            buf = buf.clone()
-        return buf.view(torch.float32).reshape(rows, dim)
-    n_packed = (rows * dim * bits + 7) // 8
-    zero = buf[n_packed : n_packed + 2 * rows].clone().view(torch.bfloat16)
-    rng = buf[n_packed + 2 * rows : n_packed + 4 * rows].clone().view(torch.bfloat16)
-    return compress.dequantize_rows(buf[:n_packed], zero, rng, bits, dim)
 
 
 @dataclass
@@ -104,16 +87,130 @@ class BitPlan:
         return int(self.per_peer[peer].numel())
 
 
+# A peer's rows in a local tensor: their indices in message order, or the first of a
+# contiguous run (the halo rows of one owner, both in the source tensor and its gradient).
+PeerRows = torch.Tensor | int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The rows of one bit width in one peer's message, and where they lie on this side."""
+
+    bits: int
+    rows: int
+    where: torch.Tensor | None  # positions in the peer's plan order; None: all, in order
+    index: torch.Tensor | None  # rows of the local tensor; None: the run first .. first + rows
+    first: int
+    start: int  # byte offset in the exchange buffer
+    nbytes: int
+
+    def run(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor this segment's kernel reads or writes: all of it with an index,
+        else the contiguous run of its rows (a view)."""
+        return tensor if self.index is not None else tensor[self.first : self.first + self.rows]
+
+
+@dataclass(frozen=True)
+class PeerMessage:
+    """One peer's message: its bytes in the exchange buffer and its segments."""
+
+    start: int
+    nbytes: int
+    rows: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def direct(self) -> bool:
+        """One 32-bit segment of contiguous rows: the rows themselves go on the wire."""
+        return (
+            len(self.segments) == 1
+            and self.segments[0].bits == 32
+            and self.segments[0].index is None
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every peer's message of one exchange, on one side of the wire."""
+
+    peers: tuple[PeerMessage, ...]
+    nbytes: int
+    dim: int
+
+    @staticmethod
+    def build(plan: BitPlan, rows: list[PeerRows], dim: int, rank: int) -> Layout:
+        """Lay out ``plan``'s messages over ``rows[p]``, the local rows of peer ``p``'s
+        message in plan order (this worker's own entry stays empty)."""
+        peers, at = [], 0
+        for p, base in enumerate(rows):
+            segments, start = [], at
+            for bits, where in plan.segments(p) if p != rank else []:
+                n = plan.rows(p) if where is None else int(where.numel())
+                if isinstance(base, torch.Tensor):
+                    index, first = (base if where is None else base[where]), 0
+                elif where is None:
+                    index, first = None, base
+                else:
+                    index, first = base + where, 0
+                size = message_bytes(n, dim, bits)
+                segments.append(Segment(bits, n, where, index, first, at, size))
+                at += size
+            peers.append(
+                PeerMessage(start, at - start, plan.rows(p) if p != rank else 0, tuple(segments))
+            )
+            at = (at + _ALIGN - 1) // _ALIGN * _ALIGN
+        return Layout(tuple(peers), at, dim)
+
+
+def encode_segment(
+    source: torch.Tensor, seg: Segment, buffer: torch.Tensor, seed: int, offset: int
+) -> None:
+    """Write ``seg``'s rows of float32 ``source [rows, dim]`` into its bytes of ``buffer``."""
+    out = buffer[seg.start : seg.start + seg.nbytes]
+    if seg.rows == 0:
+        return
+    if seg.bits == 32:
+        rows = out.view(torch.float32).view(seg.rows, source.shape[1])
+        if seg.index is None:
+            rows.copy_(seg.run(source))
+        else:
+            torch.index_select(source, 0, seg.index, out=rows)
+        return
+    compress.quantize_rows_into(seg.run(source), seg.index, seg.bits, seed, offset, out)
+
+
+def decode_segment(buffer: torch.Tensor, seg: Segment, dest: torch.Tensor, add: bool) -> None:
+    """Write (or with ``add`` add) ``seg``'s rows from ``buffer`` into float32 ``dest``."""
+    data = buffer[seg.start : seg.start + seg.nbytes]
+    if seg.rows == 0:
+        return
+    if seg.bits == 32:
+        rows = data.view(torch.float32).view(seg.rows, dest.shape[1])
+        if seg.index is not None:
+            (dest.index_add_ if add else dest.index_copy_)(0, seg.index, rows)
+        elif add:
+            seg.run(dest).add_(rows)
+        else:
+            seg.run(dest).copy_(rows)
+        return
+    compress.dequantize_rows_into(data, seg.rows, seg.bits, seg.run(dest), seg.index, add)
+
+
+def _bytes_of(rows: torch.Tensor) -> torch.Tensor:
+    """A contiguous float32 row run as the uint8 tensor that goes on the wire."""
+    return rows.reshape(-1).view(torch.uint8)
+
+
 @dataclass
 class Pending:
-    """An exchange whose messages are in flight."""
+    """An exchange whose messages are in flight; ``dest`` is complete after decoding."""
 
-    chunks: list[torch.Tensor]  # kept alive until the sends complete
-    received: list[torch.Tensor]
-    incoming_counts: list[int]
-    dim: int
-    recv_plan: BitPlan
+    buffer: torch.Tensor  # the receive buffer
+    layout: Layout
+    dest: torch.Tensor
+    add: bool
     requests: list[Any]
+    keep: list[torch.Tensor]  # what is being sent, alive until the sends complete
     shape: torch.Size = field(default_factory=torch.Size)
 
 
@@ -148,197 +245,192 @@ class Messenger:
         self._offset = 0
         self.stats = ExchangeStats()
         self.tracing = False  # record row ranges (the adaptive assigner's statistics)
+        starts = [part.num_owned]
+        for n in part.recv_counts:
+            starts.append(starts[-1] + n)
+        self._halo_rows: list[PeerRows] = starts[:-1]  # each owner's run in owned + halo
+        self._owned_rows: list[PeerRows] = list(part.send_index)
+        self._layouts: dict[tuple[str, str], tuple[BitPlan, Layout]] = {}
+        self._buffers: dict[tuple[str, str], torch.Tensor] = {}
 
-    def _exchange(
-        self,
-        outgoing: list[torch.Tensor],
-        incoming_counts: list[int],
-        dim: int,
-        send_plan: BitPlan,
-        recv_plan: BitPlan,
-        layer: str,
-    ) -> list[torch.Tensor]:
-        return self._complete(
-            self._post(outgoing, incoming_counts, dim, send_plan, recv_plan, layer)
-        )
+    def _layout(self, tag: str, side: str, plan: BitPlan, rows: list[PeerRows], dim: int) -> Layout:
+        """``plan``'s layout, kept until the plan changes (a reassignment)."""
+        found = self._layouts.get((tag, side))
+        if found is None or found[0] is not plan or found[1].dim != dim:
+            found = (plan, Layout.build(plan, rows, dim, self.part.rank))
+            self._layouts[(tag, side)] = found
+        return found[1]
+
+    def _buffer(self, tag: str, side: str, nbytes: int) -> torch.Tensor:
+        """A byte buffer of this exchange, reused every step (fresh pages cost faults)."""
+        buf = self._buffers.get((tag, side))
+        if buf is None or buf.numel() != nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            self._buffers[(tag, side)] = buf
+        return buf
 
     def _post(
         self,
-        outgoing: list[torch.Tensor],
-        incoming_counts: list[int],
-        dim: int,
-        send_plan: BitPlan,
-        recv_plan: BitPlan,
-        layer: str,
+        tag: str,
+        source: torch.Tensor,
+        send: Layout,
+        recv: Layout,
+        dest: torch.Tensor,
         *,
-        overlap: bool = False,
+        add: bool,
+        overlap: bool,
     ) -> Pending:
-        """Encode and start sending; with ``overlap`` every ring round is posted at once and
-        :meth:`_complete` waits, so the caller can compute in between."""
+        """Encode ``source``'s rows and start the transfers; the received rows go to
+        ``dest`` in :meth:`_complete`. With ``overlap`` every ring round is posted at once
+        and :meth:`_complete` waits, so the caller can compute in between."""
         rank, world = self.part.rank, self.part.world_size
         start = time.perf_counter()
-        self.stats.dims[layer] = dim
+        self.stats.dims[tag] = int(source.shape[1])
+        hist = self.stats.bits_histogram.setdefault(tag, {})
+        out = self._buffer(tag, "send", send.nbytes)
         chunks: list[torch.Tensor] = []
-        for p in range(world):
-            pieces = []
-            if self.tracing and p != rank and outgoing[p].shape[0]:
-                rows = outgoing[p]
-                self.stats.ranges[(layer, p)] = (rows.amax(1) - rows.amin(1)).float().cpu()
-            for bits, where in send_plan.segments(p) if p != rank else []:
-                rows = outgoing[p] if where is None else outgoing[p][where]
-                pieces.append(encode(rows, bits, self.seed, self._offset))
-                self._offset += rows.numel()
-                hist = self.stats.bits_histogram.setdefault(layer, {})
-                hist[bits] = hist.get(bits, 0) + int(rows.shape[0])
-            if len(pieces) == 1:
-                chunks.append(pieces[0])
+        for p, message in enumerate(send.peers):
+            for seg in message.segments:
+                if not message.direct:
+                    encode_segment(source, seg, out, self.seed, self._offset)
+                self._offset += seg.rows * int(source.shape[1])
+                hist[seg.bits] = hist.get(seg.bits, 0) + seg.rows
+            if self.tracing and p != rank and message.rows:
+                self.stats.ranges[(tag, p)] = _row_ranges(source, message, out)
+            if message.direct:
+                chunks.append(_bytes_of(message.segments[0].run(source)))
             else:
-                chunks.append(torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8))
+                chunks.append(out[message.start : message.start + message.nbytes])
+        into = self._buffer(tag, "recv", recv.nbytes)
         received = [
-            torch.empty(
-                sum(
-                    message_bytes(_count(w, recv_plan, p), dim, b) for b, w in recv_plan.segments(p)
-                )
-                if p != rank
-                else 0,
-                dtype=torch.uint8,
-            )
-            for p in range(world)
+            _bytes_of(m.segments[0].run(dest))
+            if m.direct and not add
+            else into[m.start : m.start + m.nbytes]
+            for m in recv.peers
         ]
-        pending = Pending(chunks, received, incoming_counts, dim, recv_plan, [])
+        pending = Pending(into, recv, dest, add, [], chunks)
         posted = time.perf_counter()
         self.stats.quant_seconds += posted - start
         for i in range(1, world):  # ring rounds
-            to, source = (rank + i) % world, (rank - i) % world
+            to, source_rank = (rank + i) % world, (rank - i) % world
             requests = []
             if chunks[to].numel():
                 requests.append(dist.isend(chunks[to], to, group=self.group))
-            if received[source].numel():
-                requests.append(dist.irecv(received[source], source, group=self.group))
+            if received[source_rank].numel():
+                requests.append(dist.irecv(received[source_rank], source_rank, group=self.group))
             if overlap:
                 pending.requests.extend(requests)
                 continue
             for request in requests:
                 request.wait()
         self.stats.comm_seconds += time.perf_counter() - posted
-        self.stats.bytes_sent += sum(int(c.numel()) for c in chunks)
+        self.stats.bytes_sent += sum(m.nbytes for m in send.peers)
         self.stats.exchanges += 1
         return pending
 
-    def _complete(self, pending: Pending) -> list[torch.Tensor]:
-        """Wait for what :meth:`_post` started, and decode it per peer."""
+    def _complete(self, pending: Pending) -> torch.Tensor:
+        """Wait for what :meth:`_post` started, and decode it into ``pending.dest``."""
         start = time.perf_counter()
         for request in pending.requests:
             request.wait()
+        pending.keep.clear()
         waited = time.perf_counter()
-        rank = self.part.rank
-        out = []
-        for p in range(self.part.world_size):
-            segments = pending.recv_plan.segments(p) if p != rank else []
-            if len(segments) == 1 and segments[0][1] is None:  # one width: decode in place
-                bits = segments[0][0]
-                out.append(
-                    decode(pending.received[p], pending.incoming_counts[p], pending.dim, bits)
-                )
-                continue
-            rows = torch.empty(pending.incoming_counts[p], pending.dim, dtype=torch.float32)
-            at = 0
-            for bits, where in segments:
-                n = _count(where, pending.recv_plan, p)
-                size = message_bytes(n, pending.dim, bits)
-                rows[where] = decode(pending.received[p][at : at + size], n, pending.dim, bits)
-                at += size
-            out.append(rows)
+        for message in pending.layout.peers:
+            if message.direct and not pending.add:
+                continue  # received in place
+            for seg in message.segments:
+                decode_segment(pending.buffer, seg, pending.dest, pending.add)
         self.stats.comm_seconds += waited - start
         self.stats.quant_seconds += time.perf_counter() - waited
-        return out
+        return pending.dest
 
-    def _post_forward(self, x_owned: torch.Tensor, layer: int, overlap: bool) -> Pending:
+    def post_halo(self, x_owned: torch.Tensor, layer: int, overlap: bool = True) -> Pending:
+        """Start fetching ``x_owned``'s halo rows; :meth:`finish_halo` returns the layer's
+        source rows, ``x_owned`` followed by the halo."""
         part = self.part
-        flat = x_owned.detach().reshape(x_owned.shape[0], -1)
+        tag = f"layer{layer}.forward"
+        flat = x_owned.detach().reshape(x_owned.shape[0], -1).to(torch.float32).contiguous()
+        dim = int(flat.shape[1])
         send_plan, recv_plan = self.plan(layer, "forward")
-        pending = self._post(
-            [flat[idx] for idx in part.send_index],
-            part.recv_counts,
-            int(x_owned.shape[1:].numel()),
-            send_plan,
-            recv_plan,
-            f"layer{layer}.forward",
-            overlap=overlap,
-        )
+        send = self._layout(tag, "send", send_plan, self._owned_rows, dim)
+        recv = self._layout(tag, "recv", recv_plan, self._halo_rows, dim)
+        rows = torch.empty(part.num_owned + int(part.halo.numel()), dim, dtype=torch.float32)
+        rows[: part.num_owned].copy_(flat)
+        pending = self._post(tag, flat, send, recv, rows, add=False, overlap=overlap)
         pending.shape = x_owned.shape[1:]
         return pending
 
-    def post_halo(self, x_owned: torch.Tensor, layer: int) -> Pending:
-        """Start fetching ``x_owned``'s halo rows (every ring round at once); see :class:`FinishHalo`."""
-        return self._post_forward(x_owned, layer, overlap=True)
-
     def finish_halo(self, pending: Pending, dtype: torch.dtype) -> torch.Tensor:
-        """The halo rows of a fetch that :meth:`post_halo` (or :meth:`fetch_halo`) started."""
-        got = self._complete(pending)
-        halo = torch.cat(got) if got else torch.empty(0, pending.dim)
-        return halo.reshape(halo.shape[0], *pending.shape).to(dtype)
+        """The source rows (owned, then halo) of a fetch :meth:`post_halo` started."""
+        rows = self._complete(pending)
+        return rows.reshape(rows.shape[0], *pending.shape).to(dtype)
 
     def fetch_halo(self, x_owned: torch.Tensor, layer: int) -> torch.Tensor:
-        """The halo rows of ``x_owned``'s layer input, from their owners."""
-        return self.finish_halo(self._post_forward(x_owned, layer, overlap=False), x_owned.dtype)
+        """``x_owned`` followed by its halo rows, fetched from their owners."""
+        return self.finish_halo(self.post_halo(x_owned, layer, overlap=False), x_owned.dtype)
 
-    def return_grads(
-        self, grad_halo: torch.Tensor, layer: int, owned_shape: torch.Size
-    ) -> torch.Tensor:
-        """The gradient of the owned rows from the halo rows' gradients on every peer."""
+    def return_grads(self, grad_rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """The gradient of the owned rows, from the gradient of the layer's source rows
+        (owned, then halo): each halo row's gradient goes back to its owner and is added."""
         part = self.part
-        dim = int(torch.Size(owned_shape[1:]).numel())
-        flat = grad_halo.reshape(grad_halo.shape[0], dim)
-        bounds = [0]
-        for n in part.recv_counts:
-            bounds.append(bounds[-1] + n)
-        outgoing = [flat[bounds[p] : bounds[p + 1]] for p in range(part.world_size)]
-        # backward reverses the roles: what was received is sent back
+        tag = f"layer{layer}.backward"
+        flat = grad_rows.reshape(grad_rows.shape[0], -1).to(torch.float32).contiguous()
+        dim = int(flat.shape[1])
+        # backward reverses the roles: the halo rows' gradients go to their owners
         recv_plan, send_plan = self.plan(layer, "backward")
-        got = self._exchange(
-            outgoing, part.send_counts, dim, send_plan, recv_plan, f"layer{layer}.backward"
-        )
-        grad = torch.zeros(owned_shape[0], dim, dtype=torch.float32)
-        for p, rows in enumerate(got):
-            if rows.shape[0]:
-                grad.index_add_(0, part.send_index[p], rows)
-        return grad.reshape(owned_shape).to(grad_halo.dtype)
+        send = self._layout(tag, "send", send_plan, self._halo_rows, dim)
+        recv = self._layout(tag, "recv", recv_plan, self._owned_rows, dim)
+        grad = flat[: part.num_owned].clone()
+        self._complete(self._post(tag, flat, send, recv, grad, add=True, overlap=False))
+        return grad.reshape(part.num_owned, *grad_rows.shape[1:]).to(grad_rows.dtype)
 
 
-def _count(where: torch.Tensor | None, plan: BitPlan, peer: int) -> int:
-    """Rows of a segment: its positions, or all of the peer's rows (None)."""
-    return plan.rows(peer) if where is None else int(where.numel())
+def _row_ranges(source: torch.Tensor, message: PeerMessage, buffer: torch.Tensor) -> torch.Tensor:
+    """max - min of each row of an encoded message, in plan order (the assigner's
+    statistics). A quantized segment already holds each row's range as quantized
+    (from the bfloat16 zero point, rounded outwards), the one its step and so its
+    variance are made of: it is read from the buffer, not gathered and recomputed."""
+    ranges = torch.empty(message.rows, dtype=torch.float32)
+    dim = int(source.shape[1])
+    for seg in message.segments:
+        if seg.bits == 32:
+            rows = seg.run(source) if seg.index is None else source[seg.index]
+            spread = rows.amax(1) - rows.amin(1) if dim else rows.new_zeros(seg.rows)
+        else:
+            at = seg.start + (seg.rows * dim * seg.bits + 7) // 8 + 2 * seg.rows
+            spread = buffer[at : at + 2 * seg.rows].clone().view(torch.bfloat16).float()
+        if seg.where is None:
+            ranges.copy_(spread)
+        else:
+            ranges[seg.where] = spread
+    return ranges
 
 
-class HaloExchange(torch.autograd.Function):
-    """``halo = fetch(x_owned)`` forward; owners get the halo rows' gradients backward."""
+class WithHalo(torch.autograd.Function):
+    """``x_owned`` followed by its halo rows forward; backward the halo rows' gradients
+    go back to their owners and are added to the owned rows' own."""
 
     @staticmethod
-    def forward(ctx: Any, x_owned: torch.Tensor, messenger: Messenger, layer: int) -> torch.Tensor:  # type: ignore[override]
-        ctx.messenger, ctx.layer, ctx.shape = messenger, layer, x_owned.shape
-        return messenger.fetch_halo(x_owned.detach(), layer)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return ctx.messenger.return_grads(grad.contiguous(), ctx.layer, ctx.shape), None, None
-
-
-class FinishHalo(torch.autograd.Function):
-    """The halo rows of a fetch started by ``Messenger.post_halo``; backward as HaloExchange."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, x_owned: torch.Tensor, messenger: Messenger, layer: int, pending: Pending
-    ) -> torch.Tensor:  # type: ignore[override]
-        ctx.messenger, ctx.layer, ctx.shape = messenger, layer, x_owned.shape
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x_owned: torch.Tensor,
+        messenger: Messenger,
+        layer: int,
+        pending: Pending | None,
+    ) -> torch.Tensor:
+        ctx.messenger, ctx.layer = messenger, layer
+        if pending is None:
+            return messenger.fetch_halo(x_owned.detach(), layer)
         return messenger.finish_halo(pending, x_owned.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return ctx.messenger.return_grads(grad.contiguous(), ctx.layer, ctx.shape), None, None, None
+        return ctx.messenger.return_grads(grad, ctx.layer), None, None, None
 
 
-def with_halo(x_owned: torch.Tensor, messenger: Messenger, layer: int) -> torch.Tensor:
-    """``x_owned`` followed by its halo rows: a block's source rows for ``layer``."""
-    return torch.cat([x_owned, HaloExchange.apply(x_owned, messenger, layer)])
+def with_halo(
+    x_owned: torch.Tensor, messenger: Messenger, layer: int, pending: Pending | None = None
+) -> torch.Tensor:
+    """``x_owned`` followed by its halo rows: a block's source rows for ``layer``; with
+    ``pending`` (from ``Messenger.post_halo``) the fetch already under way."""
+    return WithHalo.apply(x_owned, messenger, layer, pending)

@@ -25,7 +25,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
 from qtrain.dist.adaptive import AdaptiveBits
-from qtrain.dist.exchange import FinishHalo, Messenger, with_halo
+from qtrain.dist.exchange import Messenger, with_halo
 from qtrain.dist.partition import Partition
 from qtrain.models.base import GNNModel
 from qtrain.train.activations import ActivationMeter
@@ -126,10 +126,10 @@ class DistTrainer(Trainer):
         def overlapped(graph: Any, feat: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             pending = self.messenger.post_halo(feat, layer)
             inner = forward(self._central, feat, *args, **weights(kwargs, self._central))
-            halo = FinishHalo.apply(feat, self.messenger, layer, pending)
+            rows = with_halo(feat, self.messenger, layer, pending)
             outer = forward(
                 self._marginal,
-                (torch.cat([feat, halo]), feat[n_central:]),
+                (rows, feat[n_central:]),
                 *args,
                 **weights(kwargs, self._marginal),
             )

@@ -209,3 +209,58 @@ def rademacher(
         else:
             out = projection.rademacher(d, k, seed, offset).to(probe.device)
     return out
+
+
+def quantize_rows_into(
+    x: torch.Tensor,
+    index: torch.Tensor | None,
+    bits: int,
+    seed: int,
+    offset: int,
+    out: torch.Tensor,
+    rounding: str = "stochastic",
+    backend: str = "auto",
+) -> None:
+    """:func:`quantize_rows` of ``x[index]`` (all rows if None) written into the uint8
+    segment ``out`` (packed values, bf16 zeros, bf16 ranges): a halo message is
+    gathered, quantized and laid out in one pass, into a buffer the caller reuses."""
+    bits = ref.check_pack_bits(bits)
+    ref.check_rounding(rounding)
+    seed = normalize_seed(seed)
+    rows = x.shape[0] if index is None else index.numel()
+    check_counter_range(rows * (x.shape[1] if x.dim() == 2 else 0), offset)
+    chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
+    with dispatch.call("compress", chosen):
+        if chosen == "ext-cpu":
+            backends.ext_cpu().quantize_rows_into(
+                x, index, bits, rounding == "stochastic", seed, int(offset), out
+            )
+        elif chosen == "ext-cuda":  # the gather and the layout in torch, the kernel compiled
+            packed, zero, rng = backends.ext_cuda().quantize_rows(
+                x if index is None else x[index], bits, rounding == "stochastic", seed, int(offset)
+            )
+            if out.numel():
+                out.copy_(torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)]))
+        else:
+            ref.quantize_rows_into(x, index, bits, rounding, seed, offset, out)
+
+
+def dequantize_rows_into(
+    segment: torch.Tensor,
+    rows: int,
+    bits: int,
+    out: torch.Tensor,
+    index: torch.Tensor | None = None,
+    add: bool = False,
+    backend: str = "auto",
+) -> None:
+    """The ``rows`` rows of a :func:`quantize_rows_into` segment dequantized into
+    ``out[index]`` (``out``'s rows in order if None), or added onto them with ``add``:
+    halo rows land where the layer reads them, gradients where their owner sums them."""
+    bits = ref.check_pack_bits(bits)
+    chosen = dispatch.resolve("decompress", segment, backend, kernels=COMPRESS_KERNELS)
+    with dispatch.call("decompress", chosen):
+        if chosen == "ext-cpu":
+            backends.ext_cpu().dequantize_rows_into(segment, int(rows), bits, out, index, add)
+        else:  # CUDA: the composition below runs its kernels through torch
+            ref.dequantize_rows_into(segment, rows, bits, out, index, add)

@@ -193,3 +193,64 @@ def dequantize_rows(
     rng32 = rng.to(torch.float32)
     step = rng32 / torch.full_like(rng32, levels)
     return q.to(torch.float32) * step[:, None] + zero.to(torch.float32)[:, None]
+
+
+# ---------------------------------------------------------------- message segments
+
+
+def segment_bytes(rows: int, width: int, bits: int) -> int:
+    """Bytes of a segment of ``rows`` quantized rows: packed values, bf16 zeros and ranges."""
+    return 0 if rows == 0 else packed_size(rows * width, bits) + 4 * rows
+
+
+def quantize_rows_into(
+    x: torch.Tensor,
+    index: torch.Tensor | None,
+    bits: int,
+    rounding: str,
+    seed: int,
+    offset: int,
+    out: torch.Tensor,
+) -> None:
+    """:func:`quantize_rows` of ``x[index]`` (all of ``x`` if None) written into the uint8
+    segment ``out``: the packed values, then the bfloat16 zeros, then the ranges."""
+    rows = _as_rows(x) if index is None else _as_rows(x)[index]
+    packed, zero, rng = quantize_rows(rows, bits, rounding, seed, offset)
+    want = segment_bytes(rows.shape[0], rows.shape[1], bits)
+    if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != want:
+        raise ValueError(
+            f"out must be a 1-d uint8 tensor of {want} bytes, got {out.dtype} {tuple(out.shape)}"
+        )
+    if want:
+        out.copy_(torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)]))
+
+
+def dequantize_rows_into(
+    segment: torch.Tensor,
+    rows: int,
+    bits: int,
+    out: torch.Tensor,
+    index: torch.Tensor | None,
+    add: bool,
+) -> None:
+    """The ``rows`` rows of a :func:`quantize_rows_into` segment dequantized into
+    ``out[index]`` (``out``'s rows in order if None), or added onto them with ``add``."""
+    width = out.shape[1]
+    n_packed = packed_size(rows * width, bits)
+    if segment.numel() != segment_bytes(rows, width, bits):
+        raise ValueError(
+            f"the segment has {segment.numel()} bytes, {rows} rows of {width} values at "
+            f"{bits} bits need {segment_bytes(rows, width, bits)}"
+        )
+    if index is not None and torch.unique(index).numel() != index.numel():
+        raise ValueError("index names a row twice; each row may be written once")
+    if rows == 0:
+        return
+    zero = segment[n_packed : n_packed + 2 * rows].clone().view(torch.bfloat16)
+    rng = segment[n_packed + 2 * rows :].clone().view(torch.bfloat16)
+    values = dequantize_rows(segment[:n_packed], zero, rng, bits, width)
+    target = index if index is not None else slice(None)
+    if add:
+        out[target] += values
+    else:
+        out[target] = values
