@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -170,3 +171,15 @@ def test_console_script_keeps_stdout_machine_readable(tiny_recipe: Path, tmp_pat
     assert bad.returncode == 2
     assert bad.stderr.strip() == "qtrain: error: train.lr = -1.0 is too small; allowed: >= 0.0"
     assert bad.stdout == ""
+
+
+def test_import_asks_for_huge_pages_unless_told_otherwise() -> None:
+    """``import qtrain`` sets THP_MEM_ALLOC_ENABLE=1 for torch's allocator; a user's value wins."""
+    probe = "import os, qtrain; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    for given, expected in ((None, "1"), ("0", "0")):
+        run_env = env if given is None else {**env, "THP_MEM_ALLOC_ENABLE": given}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=run_env
+        )
+        assert done.returncode == 0 and done.stdout.strip() == expected, done.stderr
