@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,12 @@ def run(recipe: str, sets: list[str]) -> dict[str, Any]:
     )
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        # the run directory goes with the temporary output directory: keep the failed
+        # worker's last words in the bench's own output
+        for log in re.findall(r"see (\S+worker-\d+\.log)", tail[0]):
+            if Path(log).exists():
+                last = Path(log).read_text(errors="replace").splitlines()[-30:]
+                print(f"--- last lines of {log}:", *last, sep="\n", file=sys.stderr)
         raise SystemExit(f"qtrain run {recipe} {' '.join(sets)} failed: {tail[0]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
