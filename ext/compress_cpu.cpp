@@ -773,8 +773,9 @@ QuantizedRows allocate_quantized(const at::TensorOptions& opts, int64_t rows, in
   return q;
 }
 
-QuantizeArgs quantize_args(QuantizedRows& q, int64_t width, int64_t bits, bool stochastic,
-                           uint64_t seed, int64_t offset) {
+// Arguments of quantize_block writing to `packed`, `zero` and `range` (any byte address).
+QuantizeArgs quantize_args(uint8_t* packed, uint8_t* zero, uint8_t* range, int64_t width,
+                           int64_t bits, bool stochastic, uint64_t seed, int64_t offset) {
   QuantizeArgs a;
   a.K = &kernels();
   a.width = width;
@@ -782,10 +783,18 @@ QuantizeArgs quantize_args(QuantizedRows& q, int64_t width, int64_t bits, bool s
   a.stochastic = stochastic;
   a.keys = rng::keys_from_seed(seed);
   a.offset = static_cast<uint64_t>(offset);
-  a.packed = static_cast<uint8_t*>(q.packed.mutable_data_ptr());
-  a.zero = static_cast<uint8_t*>(q.zero.mutable_data_ptr());
-  a.range = static_cast<uint8_t*>(q.range.mutable_data_ptr());
+  a.packed = packed;
+  a.zero = zero;
+  a.range = range;
   return a;
+}
+
+QuantizeArgs quantize_args(QuantizedRows& q, int64_t width, int64_t bits, bool stochastic,
+                           uint64_t seed, int64_t offset) {
+  return quantize_args(static_cast<uint8_t*>(q.packed.mutable_data_ptr()),
+                       static_cast<uint8_t*>(q.zero.mutable_data_ptr()),
+                       static_cast<uint8_t*>(q.range.mutable_data_ptr()), width, bits, stochastic,
+                       seed, offset);
 }
 
 // Validated contiguous (packed, zero, range) of rows x width values; rows = zero.numel().
@@ -989,16 +998,8 @@ void quantize_rows_into(const at::Tensor& x_in, const std::optional<at::Tensor>&
     return;
   }
   const at::Tensor x = x_in.contiguous();
-  QuantizeArgs a;
-  a.K = &kernels();
-  a.width = width;
-  a.bits = bits;
-  a.stochastic = stochastic;
-  a.keys = rng::keys_from_seed(seed);
-  a.offset = static_cast<uint64_t>(offset);
-  a.packed = o;
-  a.zero = o + n_packed;
-  a.range = o + n_packed + 2 * rows;
+  const QuantizeArgs a = quantize_args(o, o + n_packed, o + n_packed + 2 * rows, width, bits,
+                                       stochastic, seed, offset);
   if (index.defined()) {
     IndexedInputRows src{x.const_data_ptr<float>(), width, index.const_data_ptr<int64_t>()};
     parallel_rows(rows, width,
@@ -1036,13 +1037,7 @@ void dequantize_rows_into(const at::Tensor& segment, int64_t rows, int64_t bits,
   if (rows == 0 || width == 0) return;
   const uint8_t* in = static_cast<const uint8_t*>(segment.const_data_ptr());
   const int64_t n_packed = packed_bytes(rows * width, bits);
-  DequantizeArgs a;
-  a.K = &kernels();
-  a.packed = in;
-  a.zero = in + n_packed;
-  a.range = in + n_packed + 2 * rows;
-  a.width = width;
-  a.bits = bits;
+  const DequantizeArgs a{&kernels(), in, in + n_packed, in + n_packed + 2 * rows, width, bits};
   float* op = out.mutable_data_ptr<float>();
   if (!index.defined() && !add) {
     OutputRows sink{op, width};

@@ -721,3 +721,15 @@ def test_ext_segment_argument_errors() -> None:
         ext.dequantize_rows_into(out, 3, 4, torch.zeros(5, 3).t(), torch.tensor([0, 1, 2]), False)
     with pytest.raises(ValueError, match="bits"):
         ext.quantize_rows_into(x, None, 3, True, 0, 0, out)
+
+
+def test_segments_of_rows_without_values() -> None:
+    """Width 0: each row still carries its (zero) zero point and range, as the reference."""
+    ext_or_skip()
+    x = torch.empty(5, 0)
+    for backend in ("ext-cpu", "reference"):
+        out = torch.full((ref.segment_bytes(3, 0, 2),), 9, dtype=torch.uint8)
+        compress.quantize_rows_into(x, torch.tensor([4, 0, 2]), 2, 0, 0, out, backend=backend)
+        assert torch.equal(out, torch.zeros(12, dtype=torch.uint8)), backend
+        into = torch.empty(3, 0)
+        compress.dequantize_rows_into(out, 3, 2, into, backend=backend)
