@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from qtrain.dist.partition import Partition
 from qtrain.ops import compress
+from qtrain.quant import rowwise
 from qtrain.quant.rng import normalize_seed
 
 MESSAGE_BITS = (2, 4, 8, 32)
@@ -48,11 +49,9 @@ _ALIGN = 64  # bytes: where each peer's message starts in an exchange buffer
 
 def message_bytes(rows: int, dim: int, bits: int) -> int:
     """Bytes a segment of ``rows`` rows of ``dim`` values takes at ``bits`` bits."""
-    if rows == 0:
-        return 0
     if bits == 32:
         return rows * dim * 4
-    return (rows * dim * bits + 7) // 8 + rows * 4  # packed values, bf16 zero + range
+    return rowwise.segment_bytes(rows, dim, bits)  # packed values, bf16 zeros and ranges
 
 
 @dataclass
@@ -397,7 +396,7 @@ def _row_ranges(source: torch.Tensor, message: PeerMessage, buffer: torch.Tensor
             rows = seg.run(source) if seg.index is None else source[seg.index]
             spread = rows.amax(1) - rows.amin(1) if dim else rows.new_zeros(seg.rows)
         else:
-            at = seg.start + (seg.rows * dim * seg.bits + 7) // 8 + 2 * seg.rows
+            at = seg.start + rowwise.packed_size(seg.rows * dim, seg.bits) + 2 * seg.rows
             spread = buffer[at : at + 2 * seg.rows].clone().view(torch.bfloat16).float()
         if seg.where is None:
             ranges.copy_(spread)
