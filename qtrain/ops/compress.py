@@ -236,11 +236,10 @@ def quantize_rows_into(
                 x, index, bits, rounding == "stochastic", seed, int(offset), out
             )
         elif chosen == "ext-cuda":  # the gather and the layout in torch, the kernel compiled
-            packed, zero, rng = backends.ext_cuda().quantize_rows(
+            quantized = backends.ext_cuda().quantize_rows(
                 x if index is None else x[index], bits, rounding == "stochastic", seed, int(offset)
             )
-            if out.numel():
-                out.copy_(torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)]))
+            ref.write_segment(out, *quantized, x.shape[1], bits)
         else:
             ref.quantize_rows_into(x, index, bits, rounding, seed, offset, out)
 

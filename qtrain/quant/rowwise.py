@@ -215,8 +215,20 @@ def quantize_rows_into(
     """:func:`quantize_rows` of ``x[index]`` (all of ``x`` if None) written into the uint8
     segment ``out``: the packed values, then the bfloat16 zeros, then the ranges."""
     rows = _as_rows(x) if index is None else _as_rows(x)[index]
-    packed, zero, rng = quantize_rows(rows, bits, rounding, seed, offset)
-    want = segment_bytes(rows.shape[0], rows.shape[1], bits)
+    write_segment(out, *quantize_rows(rows, bits, rounding, seed, offset), rows.shape[1], bits)
+
+
+def write_segment(
+    out: torch.Tensor,
+    packed: torch.Tensor,
+    zero: torch.Tensor,
+    rng: torch.Tensor,
+    width: int,
+    bits: int,
+) -> None:
+    """Lay :func:`quantize_rows`'s output out in the uint8 segment ``out``: the packed
+    values, then the bfloat16 zeros, then the ranges."""
+    want = segment_bytes(zero.numel(), width, bits)
     if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() != want:
         raise ValueError(
             f"out must be a 1-d uint8 tensor of {want} bytes, got {out.dtype} {tuple(out.shape)}"
