@@ -645,23 +645,26 @@ struct OutputRows {
   void done(int64_t) const {}
 };
 
-// ... or into the row of out that index[r] names (a message scattered as it is decoded),
-// or, with `add`, through a per-thread stage row added onto that row ...
+// ... or into the row of out that index[r] names (row r without an index: a message
+// scattered as it is decoded), or, with `add`, through a per-thread stage row added onto
+// that row ...
 class IndexedOutputRows {
  public:
   IndexedOutputRows(float* out, int64_t width, const int64_t* index, bool add)
       : out_(out), width_(width), index_(index), add_(add),
         stage_(add ? static_cast<size_t>(width) : 0) {}
 
-  float* row(int64_t r) { return add_ ? stage_.data() : out_ + index_[r] * width_; }
+  float* row(int64_t r) { return add_ ? stage_.data() : target(r); }
   void done(int64_t r) {
     if (!add_) return;
-    float* __restrict o = out_ + index_[r] * width_;
+    float* __restrict o = target(r);
     const float* __restrict s = stage_.data();
     for (int64_t j = 0; j < width_; ++j) o[j] += s[j];
   }
 
  private:
+  float* target(int64_t r) const { return out_ + (index_ ? index_[r] : r) * width_; }
+
   float* out_;
   int64_t width_;
   const int64_t* index_;
@@ -1045,15 +1048,7 @@ void dequantize_rows_into(const at::Tensor& segment, int64_t rows, int64_t bits,
                   [&](int, int64_t r0, int64_t r1) { dequantize_block(a, r0, r1, sink); });
     return;
   }
-  std::vector<int64_t> iota;
-  const int64_t* ip = nullptr;
-  if (index.defined()) {
-    ip = index.const_data_ptr<int64_t>();
-  } else {
-    iota.resize(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) iota[static_cast<size_t>(r)] = r;
-    ip = iota.data();
-  }
+  const int64_t* ip = index.defined() ? index.const_data_ptr<int64_t>() : nullptr;
   parallel_rows(rows, width, [&](int, int64_t r0, int64_t r1) {
     IndexedOutputRows sink(op, width, ip, add);
     dequantize_block(a, r0, r1, sink);
