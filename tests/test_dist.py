@@ -259,7 +259,9 @@ def test_two_workers_unquantized_equal_one_process_and_quantized_send_less(recip
     assert two["final_loss"] == pytest.approx(single["final_loss"], rel=1e-5)
     assert two["test_acc"] == pytest.approx(single["test_acc"], abs=1e-6)
     info = two["distributed"]
-    assert info["world_size"] == 2 and info["halo_nodes"] > 0
+    assert info["world_size"] == 2 and min(info["halo_nodes"]) > 0
+    assert sum(info["owned_nodes"]) == two["num_nodes"]
+    assert all(0 <= c <= n for c, n in zip(info["central_nodes"], info["owned_nodes"]))
     assert info["comm_bytes_per_epoch"] > 0
     assert set(info["time_per_epoch_s"]) >= {"communication", "quantization", "computation"}
     assert info["bits_histogram"] == {

@@ -66,6 +66,7 @@ class DistTrainer(Trainer):
             model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         self.part, self.messenger = part, messenger
+        self._n_central = int(part.central.numel())
         block = part.block.to(device)
         self.blocks = [block] * len(model.layers)
         data = graph.ndata
@@ -116,7 +117,7 @@ class DistTrainer(Trainer):
         marginal half gets its destination rows as a separate tensor, as DGL's
         layers accept for bipartite inputs.
         """
-        model, n_central = self.model, int(self.part.central.numel())
+        model, n_central = self.model, self._n_central
 
         def weights(kwargs: dict[str, Any], block: Any) -> dict[str, Any]:
             if kwargs.get("edge_weight") is None:
@@ -194,6 +195,11 @@ class DistTrainer(Trainer):
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         histograms: list[Any] = [None] * self.part.world_size
         dist.all_gather_object(histograms, self.messenger.stats.bits_histogram)
+        # per worker: what it computes, what it receives, and what overlap can hide
+        # transfers behind (its central nodes, which read no halo row)
+        mine_nodes = (self.part.num_owned, int(self.part.halo.numel()), self._n_central)
+        nodes: list[Any] = [None] * self.part.world_size
+        dist.all_gather_object(nodes, mine_nodes)
         merged: dict[str, dict[str, int]] = {}
         for h in histograms:
             for layer, counts in h.items():
@@ -204,8 +210,9 @@ class DistTrainer(Trainer):
         comm, quant, epoch = (per_epoch(float(slowest[i])) for i in (1, 2, 3))
         return {
             "world_size": self.part.world_size,
-            "owned_nodes": self.part.num_owned,
-            "halo_nodes": int(self.part.halo.numel()),
+            "owned_nodes": [n[0] for n in nodes],
+            "halo_nodes": [n[1] for n in nodes],
+            "central_nodes": [n[2] for n in nodes],
             "comm_bytes_per_epoch": per_epoch(float(total[0])),
             "time_per_epoch_s": {
                 "communication": comm,
