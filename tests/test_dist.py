@@ -261,7 +261,7 @@ def test_two_workers_unquantized_equal_one_process_and_quantized_send_less(recip
     info = two["distributed"]
     assert info["world_size"] == 2 and min(info["halo_nodes"]) > 0
     assert sum(info["owned_nodes"]) == two["num_nodes"]
-    assert all(0 <= c <= n for c, n in zip(info["central_nodes"], info["owned_nodes"]))
+    assert all(0 <= c <= n for c, n in zip(info["central_nodes"], info["owned_nodes"], strict=True))
     assert info["comm_bytes_per_epoch"] > 0
     assert set(info["time_per_epoch_s"]) >= {"communication", "quantization", "computation"}
     assert info["bits_histogram"] == {
