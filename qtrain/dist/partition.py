@@ -67,6 +67,10 @@ class Partition:
         return int(self.owned.numel())
 
     @property
+    def num_central(self) -> int:
+        return int(self.central.numel())
+
+    @property
     def send_counts(self) -> list[int]:
         return [int(s.numel()) for s in self.send_index]
 

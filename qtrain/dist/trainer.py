@@ -66,7 +66,6 @@ class DistTrainer(Trainer):
             model.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         self.part, self.messenger = part, messenger
-        self._n_central = int(part.central.numel())
         block = part.block.to(device)
         self.blocks = [block] * len(model.layers)
         data = graph.ndata
@@ -117,7 +116,7 @@ class DistTrainer(Trainer):
         marginal half gets its destination rows as a separate tensor, as DGL's
         layers accept for bipartite inputs.
         """
-        model, n_central = self.model, self._n_central
+        model, n_central = self.model, self.part.num_central
 
         def weights(kwargs: dict[str, Any], block: Any) -> dict[str, Any]:
             if kwargs.get("edge_weight") is None:
@@ -197,7 +196,7 @@ class DistTrainer(Trainer):
         dist.all_gather_object(histograms, self.messenger.stats.bits_histogram)
         # per worker: what it computes, what it receives, and what overlap can hide
         # transfers behind (its central nodes, which read no halo row)
-        mine_nodes = (self.part.num_owned, int(self.part.halo.numel()), self._n_central)
+        mine_nodes = (self.part.num_owned, int(self.part.halo.numel()), self.part.num_central)
         nodes: list[Any] = [None] * self.part.world_size
         dist.all_gather_object(nodes, mine_nodes)
         merged: dict[str, dict[str, int]] = {}
