@@ -70,6 +70,23 @@ def test_partitions_cover_the_graph_and_plans_agree(method: str) -> None:
         want = {(u, v) for u, v in zip(src.tolist(), dst.tolist(), strict=True) if parts[v] == r}
         assert got == want
         assert bool((parts[part.halo] != r).all())
+        # overlap's two halves hold the same edges; the central half reads a prefix of the
+        # owned rows and no halo row, its destinations leading its sources
+        halves = set()
+        central, marginal = part.central_block, part.marginal_block
+        for half in (central, marginal):
+            hs, hd = half.edges()
+            ids = (half.srcdata[dgl.NID][hs].tolist(), half.dstdata[dgl.NID][hd].tolist())
+            halves |= set(zip(*ids, strict=True))
+        assert halves == want and central.num_edges() + marginal.num_edges() == block.num_edges()
+        n_read = central.num_src_nodes()
+        assert part.num_central <= n_read <= part.num_owned
+        assert torch.equal(central.srcdata[dgl.NID], part.owned[:n_read])
+        assert torch.equal(central.dstdata[dgl.NID], part.owned[: part.num_central])
+        assert torch.equal(marginal.dstdata[dgl.NID], part.owned[part.num_central :])
+        assert bool((parts[central.srcdata[dgl.NID]] == r).all())
+        marginal_srcs = set(marginal.srcdata[dgl.NID][marginal.edges()[0]].tolist())
+        assert set(part.halo.tolist()) <= marginal_srcs
         # what r sends p is what p receives from r, in the same order
         for p in range(world):
             sent = part.owned[part.send_index[p]]

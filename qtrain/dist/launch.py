@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from qtrain._malloc import keep_freed_memory
 from qtrain.errors import QtrainError, RecipeError, RunFailed
 from qtrain.recipe import Recipe, resolve_toml
 from qtrain.train.progress import Reporter
@@ -226,6 +227,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
             f"distributed.world_size = {cfg.world_size}, but WORLD_SIZE = {world} workers started"
         )
     check_launchable(recipe)
+    keep_freed_memory()  # workers on one machine share its cores; page faults are not free
     if not recipe.train.threads and "LOCAL_WORLD_SIZE" in os.environ:
         local = max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))

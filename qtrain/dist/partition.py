@@ -50,7 +50,9 @@ class Partition:
 
     rank: int
     world_size: int
-    owned: torch.Tensor  # global ids: the central nodes, then the marginal ones, each sorted
+    # global ids in three sorted runs: the central nodes, the marginal ones a central node
+    # reads, the other marginal ones
+    owned: torch.Tensor
     halo: torch.Tensor  # global ids: those from rank 0's nodes first, then rank 1's, ...
     block: Any  # dst = owned, src = owned + halo
     send_index: list[torch.Tensor]  # per peer: positions in `owned` of the rows it receives
@@ -59,7 +61,7 @@ class Partition:
     # only; marginal ones also the halo. Positions in `owned` (central ones lead):
     central: torch.Tensor
     marginal: torch.Tensor
-    central_block: Any  # dst = central, src = owned
+    central_block: Any  # dst = central, src = the owned rows they read (a prefix of owned)
     marginal_block: Any  # dst = marginal, src = owned + halo (dst rows not leading)
 
     @property
@@ -95,14 +97,21 @@ def build_partition(graph: Any, parts: torch.Tensor, rank: int, world_size: int)
         raise ValueError(f"parts has {parts.numel()} entries for {graph.num_nodes()} nodes")
     parts = parts.to(torch.int64).cpu()
     src, dst = (t.to(torch.int64).cpu() for t in graph.edges())
-    # owned nodes central first (no in-neighbour on another worker), then marginal, each by
-    # global id: a layer's central half then reads the owned rows as they are
+    # owned nodes in three runs, each by global id: the central nodes (no in-neighbour on
+    # another worker), the marginal ones that a central node reads, the other marginal ones.
+    # A layer's central half then reads a prefix of the owned rows, as a view
     into_owned = parts[dst] == rank
     is_marginal = torch.zeros(graph.num_nodes(), dtype=torch.bool)
     is_marginal[dst[into_owned & (parts[src] != rank)]] = True
+    read_by_central = torch.zeros(graph.num_nodes(), dtype=torch.bool)
+    read_by_central[src[into_owned & ~is_marginal[dst]]] = True
     mine = torch.nonzero(parts == rank, as_tuple=False).squeeze(1)
-    owned = torch.cat([mine[~is_marginal[mine]], mine[is_marginal[mine]]])
-    n_owned, n_central = int(owned.numel()), int((~is_marginal[mine]).sum())
+    central_ids = mine[~is_marginal[mine]]
+    marginal_ids = mine[is_marginal[mine]]
+    read = read_by_central[marginal_ids]
+    owned = torch.cat([central_ids, marginal_ids[read], marginal_ids[~read]])
+    n_owned, n_central = int(owned.numel()), int(central_ids.numel())
+    n_central_src = n_central + int(read.sum())
     recv = [
         _boundary_sources(src, dst, parts, p, rank) if p != rank else owned.new_empty(0)
         for p in range(world_size)
@@ -118,11 +127,13 @@ def build_partition(graph: Any, parts: torch.Tensor, rank: int, world_size: int)
     central = torch.arange(n_central)
     marginal = torch.arange(n_central, n_owned)
     keep_c = ldst < n_central
-    # central half: dst = the central nodes, src = the owned nodes (a block whose
+    # central half: dst = the central nodes, src = the owned rows they read (a block whose
     # destinations lead its sources, as DGL expects); marginal half: dst = the marginal
     # nodes, src = owned + halo, so its destinations are not the leading sources and the
     # layer gets its destination rows separately (see DistTrainer)
-    central_block = _block(dgl, lsrc[keep_c], ldst[keep_c], owned, owned[:n_central], n_owned)
+    central_block = _block(
+        dgl, lsrc[keep_c], ldst[keep_c], owned[:n_central_src], owned[:n_central], n_central_src
+    )
     marginal_block = _block(
         dgl, lsrc[~keep_c], ldst[~keep_c] - n_central, all_src, owned[n_central:], n_src
     )

@@ -111,12 +111,14 @@ class DistTrainer(Trainer):
         The same sums as the whole block: a central node's in-neighbours are all
         owned, and each half normalises by full-graph degrees as the whole block
         does (``block_weights`` for GCN; in-degrees are a node's own either way).
-        Owned rows are ordered central first (``build_partition``), so the central
-        half reads them as they are and the two outputs concatenate in order; the
-        marginal half gets its destination rows as a separate tensor, as DGL's
-        layers accept for bipartite inputs.
+        Owned rows are ordered central first, then the marginal rows a central node
+        reads (``build_partition``), so the central half reads a prefix of them (a
+        view: no copy, and per-source work only on the rows it needs) and the two
+        outputs concatenate in order; the marginal half gets its destination rows as
+        a separate tensor, as DGL's layers accept for bipartite inputs.
         """
         model, n_central = self.model, self.part.num_central
+        n_read = self._central.num_src_nodes()
 
         def weights(kwargs: dict[str, Any], block: Any) -> dict[str, Any]:
             if kwargs.get("edge_weight") is None:
@@ -125,7 +127,9 @@ class DistTrainer(Trainer):
 
         def overlapped(graph: Any, feat: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             pending = self.messenger.post_halo(feat, layer)
-            inner = forward(self._central, feat, *args, **weights(kwargs, self._central))
+            inner = forward(
+                self._central, feat[:n_read], *args, **weights(kwargs, self._central)
+            )
             rows = with_halo(feat, self.messenger, layer, pending)
             outer = forward(
                 self._marginal,
