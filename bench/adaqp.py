@@ -12,7 +12,7 @@ bars with PASS / FAIL:
   counted from the buffers, the first epochs at 8 bits included);
 * adaptive with overlap takes less wall-clock time per epoch than 32-bit
   without (each run's slowest worker's mean epoch, the solver's time included;
-  same machine, same bench run).
+  same machine, same bench run; seed by seed, the variants alternating in order).
 
 ``--variants`` adds ``w32-overlap`` and ``adaptive-no-overlap``, which separate
 what overlap and what the bit widths each do to the time.
@@ -94,11 +94,16 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as out:
+        chosen = [
+            (name, sets)
+            for name, sets in variants(args.workers, args.reassign_period).items()
+            if name in args.variants
+        ]
         for model in args.models:
-            for name, sets in variants(args.workers, args.reassign_period).items():
-                if name not in args.variants:
-                    continue
-                for seed in args.seeds:
+            # seed by seed, the variants in turn and in reverse order every other seed, so
+            # that a machine getting slower or faster during the bench favours none of them
+            for i, seed in enumerate(args.seeds):
+                for name, sets in chosen if i % 2 == 0 else chosen[::-1]:
                     common = [
                         f"train.epochs={args.epochs}",
                         f"train.seed={seed}",

@@ -1,0 +1,132 @@
+"""What overlap's layer split costs by itself: one hidden layer, whole block vs two halves.
+
+Rank 0's partition of synthetic-arxiv into ``--workers`` parts (METIS), one
+process, one thread, the halo rows already present (no transfer to hide), a
+hidden layer of ``examples/arxiv-<model>.toml`` forward and backward:
+
+* ``whole``: the worker's block (dst = owned, src = owned + halo), as without overlap;
+* ``split``: the central half on its block (src = the owned rows central nodes read,
+  a prefix of the owned rows), then the marginal half, outputs concatenated, as
+  ``DistTrainer`` runs a layer with overlap.
+
+Each mode runs in its own process, once with glibc's default allocator
+settings and once after ``keep_freed_memory()`` (what every worker does),
+interleaved, ``--repeats`` times each; prints the best and median times in ms.
+
+    python bench/overlap_layer.py --models gcn sage --json bench/results/overlap-layer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _record import ROOT, git_commit, write_json
+
+MODELS = {"gcn": "examples/arxiv-gcn.toml", "sage": "examples/arxiv-sage.toml"}
+
+
+def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str, list[float]]:
+    """Seconds per forward + backward of one hidden layer, whole and split (this process)."""
+    import torch
+
+    from qtrain._malloc import keep_freed_memory
+    from qtrain.dist.partition import assign_parts, build_partition
+    from qtrain.recipe import load_recipe
+    from qtrain.train.runner import prepared
+
+    if keep:
+        keep_freed_memory()
+    torch.set_num_threads(1)
+    recipe = load_recipe(ROOT / MODELS[model_name])
+    with prepared(recipe) as (_dataset, graph, model, _device):
+        part = build_partition(graph, assign_parts(graph, workers, "metis", 0), 0, workers)
+    layer = model.layers[1]
+    n_owned, n_central = part.num_owned, part.num_central
+    n_read = part.central_block.num_src_nodes()
+    width = model.layer_dims()[0]
+    rows = torch.randn(n_owned + int(part.halo.numel()), width)
+
+    def extra(block: Any) -> dict[str, Any]:
+        return {"edge_weight": model.block_weights(block)} if model_name == "gcn" else {}
+
+    def whole() -> None:
+        x = rows.clone().requires_grad_()
+        layer(part.block, x, **extra(part.block)).sum().backward()
+
+    def split() -> None:
+        x = rows.clone().requires_grad_()
+        owned = x[:n_owned]
+        inner = layer(part.central_block, owned[:n_read], **extra(part.central_block))
+        outer = layer(part.marginal_block, (x, owned[n_central:]), **extra(part.marginal_block))
+        torch.cat([inner, outer]).sum().backward()
+
+    times: dict[str, list[float]] = {"whole": [], "split": []}
+    for f in (whole, split):
+        f()  # warm-up: graph formats, allocator
+    for _ in range(repeats):
+        for name, f in (("whole", whole), ("split", split)):
+            start = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "ALLOCATOR"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        model_name, allocator = args.child
+        times = measure(model_name, args.workers, args.repeats, allocator == "keep")
+        print(json.dumps(times))
+        return 0
+    results: dict[str, Any] = {}
+    for model_name in args.models:
+        for allocator in ("default", "keep"):
+            child = ["--child", model_name, allocator, "--workers", str(args.workers)]
+            done = subprocess.run(
+                [sys.executable, __file__, *child, "--repeats", str(args.repeats)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            times = json.loads(done.stdout.strip().splitlines()[-1])
+            results.setdefault(model_name, {})[allocator] = times
+            best = {k: min(v) * 1e3 for k, v in times.items()}
+            median = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            print(
+                f"{model_name:5} {allocator:8} whole best {best['whole']:7.1f} median "
+                f"{median['whole']:7.1f} ms | split best {best['split']:7.1f} median "
+                f"{median['split']:7.1f} ms | split / whole (best) "
+                f"{best['split'] / best['whole']:.3f}",
+                flush=True,
+            )
+    write_json(
+        args.json,
+        {
+            "command": " ".join(["python", *sys.argv]),
+            "git_commit": git_commit(),
+            "cpu": platform.machine(),
+            "workers": args.workers,
+            "repeats": args.repeats,
+            "results": results,
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
