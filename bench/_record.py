@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,15 @@ def git_commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    """The fields that say how a result was made: the command line, the commit, the CPU."""
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "git_commit": git_commit(),
+        "cpu": platform.machine(),
+    }
 
 
 def write_json(path: Path | None, results: dict[str, Any]) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import statistics
 import subprocess
@@ -33,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _record import ROOT, git_commit, write_json
+from _record import ROOT, provenance, write_json
 
 MODELS = {"gcn": "examples/arxiv-gcn.toml", "sage": "examples/arxiv-sage.toml"}
 
@@ -183,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(
         args.json,
         {
-            "command": " ".join(["python", *sys.argv]),
-            "git_commit": git_commit(),
-            "cpu": platform.machine(),
+            **provenance(),
             "workers": args.workers,
             "epochs": args.epochs,
             "seeds": args.seeds,

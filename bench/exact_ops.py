@@ -17,16 +17,14 @@ allocates its output, as a training step does.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from _record import git_commit, write_json
+from _record import provenance, write_json
 
 from qtrain.ops import compress
 from qtrain.quant.projection import projected_width
@@ -104,11 +102,9 @@ def main() -> int:
     write_json(
         args.json,
         {
-            "command": " ".join(["python", *sys.argv]),
-            "git_commit": git_commit(),
+            **provenance(),
             "threads": args.threads,
             "torch": torch.__version__,
-            "cpu": platform.machine(),
             "median_ms": rows,
         },
     )

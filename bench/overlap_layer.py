@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,9 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _record import ROOT, git_commit, write_json
-
-MODELS = {"gcn": "examples/arxiv-gcn.toml", "sage": "examples/arxiv-sage.toml"}
+from _record import ROOT, provenance, write_json
+from adaqp import MODELS
 
 
 def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str, list[float]]:
@@ -117,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(
         args.json,
         {
-            "command": " ".join(["python", *sys.argv]),
-            "git_commit": git_commit(),
-            "cpu": platform.machine(),
+            **provenance(),
             "workers": args.workers,
             "repeats": args.repeats,
             "results": results,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _record import ROOT, git_commit, write_json
+from _record import ROOT, provenance, write_json
 
 QTRAIN = [sys.executable, "-m", "qtrain"]
 
@@ -91,10 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json(
         args.json,
         {
-            "command": " ".join(["python", *sys.argv]),
-            "git_commit": git_commit(),
+            **provenance(),
             "threads": args.threads,
-            "cpu": platform.machine(),
             "recipe": args.recipe,
             "overrides": args.overrides,
             "run_epoch_ms": run_ms,

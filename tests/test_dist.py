@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +50,14 @@ def _graph(n: int = 60, e: int = 300, seed: int = 0) -> object:
 # ------------------------------------------------------------------ partitions
 
 
+def _global_edges(block: Any) -> set[tuple[int, int]]:
+    """A block's edges as (source, destination) global node ids."""
+    dgl = import_dgl()
+    src, dst = block.edges()
+    ids = (block.srcdata[dgl.NID][src].tolist(), block.dstdata[dgl.NID][dst].tolist())
+    return set(zip(*ids, strict=True))
+
+
 @pytest.mark.parametrize("method", ["random", "metis"])
 def test_partitions_cover_the_graph_and_plans_agree(method: str) -> None:
     dgl = import_dgl()
@@ -64,21 +73,14 @@ def test_partitions_cover_the_graph_and_plans_agree(method: str) -> None:
         block = part.block
         assert block.num_dst_nodes() == part.num_owned
         assert block.num_edges() == int((parts[dst] == r).sum())
-        bs, bd = block.edges()
-        ids = (block.srcdata[dgl.NID][bs].tolist(), block.dstdata[dgl.NID][bd].tolist())
-        got = set(zip(*ids, strict=True))
+        got = _global_edges(block)
         want = {(u, v) for u, v in zip(src.tolist(), dst.tolist(), strict=True) if parts[v] == r}
         assert got == want
         assert bool((parts[part.halo] != r).all())
         # overlap's two halves hold the same edges; the central half reads a prefix of the
         # owned rows and no halo row, its destinations leading its sources
-        halves = set()
         central, marginal = part.central_block, part.marginal_block
-        for half in (central, marginal):
-            hs, hd = half.edges()
-            ids = (half.srcdata[dgl.NID][hs].tolist(), half.dstdata[dgl.NID][hd].tolist())
-            halves |= set(zip(*ids, strict=True))
-        assert halves == want and central.num_edges() + marginal.num_edges() == block.num_edges()
+        assert _global_edges(central) | _global_edges(marginal) == want and central.num_edges() + marginal.num_edges() == block.num_edges()
         n_read = central.num_src_nodes()
         assert part.num_central <= n_read <= part.num_owned
         assert torch.equal(central.srcdata[dgl.NID], part.owned[:n_read])
