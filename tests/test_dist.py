@@ -80,7 +80,10 @@ def test_partitions_cover_the_graph_and_plans_agree(method: str) -> None:
         # overlap's two halves hold the same edges; the central half reads a prefix of the
         # owned rows and no halo row, its destinations leading its sources
         central, marginal = part.central_block, part.marginal_block
-        assert _global_edges(central) | _global_edges(marginal) == want and central.num_edges() + marginal.num_edges() == block.num_edges()
+        assert (
+            _global_edges(central) | _global_edges(marginal) == want
+            and central.num_edges() + marginal.num_edges() == block.num_edges()
+        )
         n_read = central.num_src_nodes()
         assert part.num_central <= n_read <= part.num_owned
         assert torch.equal(central.srcdata[dgl.NID], part.owned[:n_read])
