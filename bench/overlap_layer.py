@@ -4,7 +4,12 @@ Rank 0's partition of synthetic-arxiv into ``--workers`` parts (METIS), one
 process, one thread, the halo rows already present (no transfer to hide), a
 hidden layer of ``examples/arxiv-<model>.toml`` forward and backward:
 
-* ``whole``: the worker's block (dst = owned, src = owned + halo), as without overlap;
+The owned rows are the leaf that gets the gradient, and the halo is appended
+to a copy of them, as ``with_halo`` does; GCN's source rows are scaled per
+source (``GCN.conv_inputs``), as the worker does.
+
+* ``whole``: the worker's block (dst = owned, src = owned + halo), as without overlap
+  (SAGE: the owned rows passed as the destination rows, as the worker does);
 * ``split``: the central half on its block (src = the owned rows central nodes read,
   a prefix of the owned rows), then the marginal half, outputs concatenated, as
   ``DistTrainer`` runs a layer with overlap.
@@ -37,6 +42,7 @@ def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str
 
     from qtrain._malloc import keep_freed_memory
     from qtrain.dist.partition import assign_parts, build_partition
+    from qtrain.dist.trainer import OwnedParts
     from qtrain.recipe import load_recipe
     from qtrain.train.runner import prepared
 
@@ -50,20 +56,26 @@ def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str
     n_owned, n_central = part.num_owned, part.num_central
     n_read = part.central_block.num_src_nodes()
     width = model.layer_dims()[0]
-    rows = torch.randn(n_owned + int(part.halo.numel()), width)
+    owned_rows = torch.randn(n_owned, width)
+    halo_rows = torch.randn(int(part.halo.numel()), width)
 
-    def extra(block: Any) -> dict[str, Any]:
-        return {"edge_weight": model.block_weights(block)} if model_name == "gcn" else {}
+    def conv(block: Any, src: torch.Tensor, dst: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer on ``block`` as the worker runs it (GCN: ``conv_inputs``)."""
+        weight = None
+        if model_name == "gcn":
+            src, weight = model.conv_inputs(block, src)
+        return layer(block, src if dst is None else (src, dst), edge_weight=weight)
 
     def whole() -> None:
-        x = rows.clone().requires_grad_()
-        layer(part.block, x, **extra(part.block)).sum().backward()
+        x = owned_rows.clone().requires_grad_()
+        dst = x if model.reads_destination_rows else None
+        conv(part.block, torch.cat([x, halo_rows]), dst).sum().backward()
 
     def split() -> None:
-        x = rows.clone().requires_grad_()
-        owned = x[:n_owned]
-        inner = layer(part.central_block, owned[:n_read], **extra(part.central_block))
-        outer = layer(part.marginal_block, (x, owned[n_central:]), **extra(part.marginal_block))
+        x = owned_rows.clone().requires_grad_()
+        read, marginal = OwnedParts.apply(x, n_read, n_central)
+        inner = conv(part.central_block, read)
+        outer = conv(part.marginal_block, torch.cat([x, halo_rows]), marginal)
         torch.cat([inner, outer]).sum().backward()
 
     times: dict[str, list[float]] = {"whole": [], "split": []}

@@ -19,6 +19,7 @@ from qtrain._compat import import_dgl
 from qtrain.dist.adaptive import message_coefficients
 from qtrain.dist.exchange import BitPlan, Layout, decode_segment, encode_segment, message_bytes
 from qtrain.dist.partition import assign_parts, build_partition
+from qtrain.dist.trainer import OwnedParts
 from qtrain.quant import rowwise
 
 RECIPE = """
@@ -246,6 +247,35 @@ def test_bit_plan_groups_rows_by_width() -> None:
     assert [t.tolist() for t in BitPlan.uniform([2, 0], 4).per_peer] == [[4, 4], []]
 
 
+@pytest.mark.parametrize(("n_central", "n_read"), [(3, 7), (0, 0), (0, 10), (10, 10), (4, 4)])
+@pytest.mark.parametrize("used", ["both", "read", "rest"])
+def test_owned_parts_gradient_is_that_of_two_slices(n_central: int, n_read: int, used: str) -> None:
+    """Overlap's halves read overlapping parts of the owned rows (GCN's marginal half
+    reads no destination rows, so one part may get no gradient)."""
+    x = torch.randn(10, 5, dtype=torch.float64)
+    w_read, w_rest = (
+        torch.randn(n_read, 5, dtype=x.dtype),
+        torch.randn(10 - n_central, 5, dtype=x.dtype),
+    )
+
+    def grad(parts: Any) -> torch.Tensor:
+        leaf = x.clone().requires_grad_()
+        read, rest = parts(leaf)
+        assert torch.equal(read, x[:n_read]) and torch.equal(rest, x[n_central:])
+        loss = leaf.sum() * 0  # a gradient also when neither part is used
+        if used in ("both", "read"):
+            loss = loss + (read * w_read).sum()
+        if used in ("both", "rest"):
+            loss = loss + (rest * w_rest).sum()
+        loss.backward()
+        return leaf.grad
+
+    expected = grad(lambda t: (t[:n_read], t[n_central:]))
+    torch.testing.assert_close(grad(lambda t: OwnedParts.apply(t, n_read, n_central)), expected)
+    with pytest.raises(ValueError, match="n_central <= n_read"):
+        OwnedParts.apply(x, 2, 3)
+
+
 # ------------------------------------------------------------------ runs
 
 
@@ -302,6 +332,18 @@ def test_two_workers_unquantized_equal_one_process_and_quantized_send_less(recip
     low = _summary(_qtrain(recipe, *drop, "distributed.world_size=2", "distributed.message_bits=2"))
     assert low["distributed"]["comm_bytes_per_epoch"] <= info["comm_bytes_per_epoch"] / 5
     assert low["final_loss"] == pytest.approx(single["final_loss"], rel=0.05)
+
+
+def test_sage_workers_with_and_without_overlap_equal_one_process(recipe: Path) -> None:
+    """SAGE reads the destination rows apart (the worker passes its owned rows as them)."""
+    sage = ('model.name="sage"', "model.dropout=0.5", "train.epochs=3")
+    single = _summary(_qtrain(recipe, *sage))
+    for overlap in ("false", "true"):
+        two = _summary(
+            _qtrain(recipe, *sage, "distributed.world_size=2", f"distributed.overlap={overlap}")
+        )
+        assert two["final_loss"] == pytest.approx(single["final_loss"], rel=1e-5)
+        assert two["test_acc"] == pytest.approx(single["test_acc"], abs=1e-6)
 
 
 def test_adaptive_bits_are_assigned_by_rank_0_and_reported(recipe: Path) -> None:

@@ -84,6 +84,32 @@ def test_layerwise_inference_matches_full_graph(name: str, dataset: NodeDataset)
     torch.testing.assert_close(layerwise, full, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("fanout", [-1, 3])  # all neighbours; sampled (in-edges dropped)
+def test_gcn_block_inputs_compute_the_edge_weighted_layer(
+    fanout: int, dataset: NodeDataset
+) -> None:
+    """Where every destination keeps its in-edges, scaling the sources replaces the
+    edge weights (a faster aggregation), with the same result; elsewhere the weights stay."""
+    model = make("gcn", dataset, layers=1)
+    graph = model.prepare_graph(dataset.graph)
+    seeds = torch.arange(0, NODES, 3)
+    if fanout < 0:
+        block = dgl.to_block(dgl.in_subgraph(graph, seeds), seeds)
+    else:
+        block = dgl.to_block(dgl.sampling.sample_neighbors(graph, seeds, fanout), seeds)
+    x = graph.ndata["feat"][block.srcdata[dgl.NID]]
+    scale = model.source_scale(block)
+    assert (scale is None) == (fanout > 0)  # the dataset's nodes have more in-edges than 3
+    rows, weights = model.conv_inputs(block, x)
+    assert (weights is None) == (fanout < 0)
+    conv = model.layers[0]
+    expected = conv(block, x, edge_weight=model.block_weights(block))
+    torch.testing.assert_close(conv(block, rows, edge_weight=weights), expected)
+    assert model.source_scale(block) is scale  # kept per block
+    if fanout < 0:  # and that is the full-graph GCN on these nodes
+        torch.testing.assert_close(expected, conv(graph, graph.ndata["feat"])[seeds])
+
+
 def test_gcnii_defaults_are_deep_and_full_graph_only(dataset: NodeDataset) -> None:
     model = make("gcnii", dataset)
     assert len(model.layers) == 16

@@ -37,6 +37,45 @@ from qtrain.train.rundir import RunDir
 SPLITS = (("train", TRAIN_MASK), ("val", VAL_MASK), ("test", TEST_MASK))
 
 
+class OwnedParts(torch.autograd.Function):
+    """``(x[:n_read], x[n_central:])`` as views, their gradients written into one tensor.
+
+    Overlap's two halves read overlapping parts of the owned rows. Two plain slices
+    would each zero-fill a gradient of all the owned rows in backward and then add
+    them; this writes each row's gradient once (the rows both read, added).
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, n_read: int, n_central: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= n_central <= n_read <= x.shape[0]:
+            raise ValueError(f"need 0 <= n_central <= n_read <= {x.shape[0]} rows")
+        ctx.n_read, ctx.n_central, ctx.like = n_read, n_central, (x.shape, x.dtype, x.device)
+        return x[:n_read], x[n_central:]
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: Any, g_read: torch.Tensor | None, g_rest: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, None, None]:
+        if g_read is None and g_rest is None:
+            return None, None, None
+        n_read, n_central = ctx.n_read, ctx.n_central
+        shape, dtype, device = ctx.like
+        grad = torch.empty(shape, dtype=dtype, device=device)
+        if g_rest is None:
+            grad[n_read:].zero_()
+            grad[:n_read].copy_(g_read)
+            return grad, None, None
+        grad[n_central:].copy_(g_rest)
+        if g_read is None:
+            grad[:n_central].zero_()
+        else:
+            grad[:n_central].copy_(g_read[:n_central])
+            grad[n_central:n_read].add_(g_read[n_central:])
+        return grad, None, None
+
+
 class DistTrainer(Trainer):
     """``Trainer`` whose step runs on one partition and talks to the other workers."""
 
@@ -101,42 +140,52 @@ class DistTrainer(Trainer):
     def _halo_hook(self, layer: int) -> Any:
         def append_halo(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             graph, feat, *rest = args
-            return (graph, with_halo(feat, self.messenger, layer), *rest), kwargs
+            rows, kwargs = self._conv_inputs(graph, with_halo(feat, self.messenger, layer), kwargs)
+            if self.model.reads_destination_rows:
+                return (graph, (rows, feat), *rest), kwargs
+            return (graph, rows, *rest), kwargs
 
         return append_halo
+
+    def _conv_inputs(
+        self, block: Any, rows: torch.Tensor, kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The layer's source rows and keyword arguments on ``block``, now that the halo is in.
+
+        A model with edge weights (GCN: full-graph degrees on a block) passed them for
+        the owned rows alone; ``conv_inputs`` makes them what ``block`` needs, which is
+        a scaling of the source rows where every destination keeps all its in-edges, as
+        on a worker's block and both halves of it (``GCN.conv_inputs``).
+        """
+        if kwargs.get("edge_weight") is None:
+            return rows, kwargs
+        rows, weight = self.model.conv_inputs(block, rows)  # type: ignore[operator]
+        return rows, {**kwargs, "edge_weight": weight}
 
     def _overlapped(self, layer: int, forward: Any) -> Any:
         """Layer ``layer`` split in two: the central nodes compute while the halo is in flight.
 
         The same sums as the whole block: a central node's in-neighbours are all
         owned, and each half normalises by full-graph degrees as the whole block
-        does (``block_weights`` for GCN; in-degrees are a node's own either way).
+        does (``GCN.conv_inputs``; in-degrees are a node's own either way).
         Owned rows are ordered central first, then the marginal rows a central node
         reads (``build_partition``), so the central half reads a prefix of them (a
         view: no copy, and per-source work only on the rows it needs) and the two
         outputs concatenate in order; the marginal half gets its destination rows as
         a separate tensor, as DGL's layers accept for bipartite inputs.
         """
-        model, n_central = self.model, self.part.num_central
+        n_central = self.part.num_central
         n_read = self._central.num_src_nodes()
-
-        def weights(kwargs: dict[str, Any], block: Any) -> dict[str, Any]:
-            if kwargs.get("edge_weight") is None:
-                return kwargs
-            return {**kwargs, "edge_weight": model.block_weights(block)}  # type: ignore[operator]
 
         def overlapped(graph: Any, feat: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             pending = self.messenger.post_halo(feat, layer)
-            inner = forward(
-                self._central, feat[:n_read], *args, **weights(kwargs, self._central)
+            read, marginal = OwnedParts.apply(feat, n_read, n_central)
+            rows, central_kwargs = self._conv_inputs(self._central, read, kwargs)
+            inner = forward(self._central, rows, *args, **central_kwargs)
+            rows, marginal_kwargs = self._conv_inputs(
+                self._marginal, with_halo(feat, self.messenger, layer, pending), kwargs
             )
-            rows = with_halo(feat, self.messenger, layer, pending)
-            outer = forward(
-                self._marginal,
-                (rows, feat[n_central:]),
-                *args,
-                **weights(kwargs, self._marginal),
-            )
+            outer = forward(self._marginal, (rows, marginal), *args, **marginal_kwargs)
             return torch.cat([inner, outer])
 
         return overlapped

@@ -29,6 +29,11 @@ class GNNModel(nn.Module):
     """
 
     supports_minibatch: ClassVar[bool] = True
+    # Whether a layer reads a block's destination rows apart from its source rows (SAGE's
+    # self term). On a block DGL takes them as a slice of the source rows, whose gradient
+    # is a zero-filled tensor of all source rows; a distributed worker then passes its
+    # owned rows as the destination rows instead (DistTrainer).
+    reads_destination_rows: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()

@@ -28,6 +28,8 @@ class SAGEOptions:
 class SAGE(GNNModel):
     """SAGEConv layers with ReLU and dropout; no self-loops (SAGE keeps the node's own term)."""
 
+    reads_destination_rows = True
+
     def __init__(self, in_feats: int, num_classes: int, options: SAGEOptions) -> None:
         super().__init__()
         import_dgl()
