@@ -90,6 +90,17 @@ def test_milp_matches_brute_force(seed: int, lam: float) -> None:
     assert brute_objective(p, default.variance, default.max_time) <= best * (1 + 1e-3) + 1e-12
 
 
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_time_limit_before_any_assignment_gives_the_best_single_width(lam: float) -> None:
+    p = random_problem(0, 4, 400, lam=lam)
+    a = assign_bits(p, time_limit=1e-6)  # HiGHS stops before it has found anything
+    assert not a.optimal
+    uniform = {w: scaled_objective(p, [w] * p.num_groups) for w in WIDTHS}
+    expected = WIDTHS[0] if lam == 0.0 else min(uniform, key=uniform.__getitem__)
+    assert a.bits.tolist() == [expected] * p.num_groups
+    assert (a.variance, a.max_time) == pytest.approx(predict(p, a.bits))
+
+
 def test_pair_without_groups_takes_no_time() -> None:
     # pair 1 has no groups: its large gamma must not bound Z
     p = AssignmentProblem(

@@ -343,7 +343,8 @@ def assign_bits(
     optimum. Groups of similar size make many near-equal assignments that branch-and-bound must
     rule out: on 8 pairs x 200 groups (2 busy cores) 1e-3 took 0.4 s, 1e-4 19 s, and 1e-6 was
     still searching after 30 s, for objectives that differ by 0.06 %. ``time_limit`` (seconds)
-    stops the search with the best assignment found so far, reported with ``optimal=False``.
+    stops the search with the best assignment found so far, reported with ``optimal=False``
+    (the best single width for every group if it has found none yet).
     HiGHS may print debugging lines to the process's standard output (file descriptor 1) on
     long searches; callers that promise clean stdout must redirect it around this call.
     """
@@ -428,6 +429,20 @@ def _solve(
         options=options,
     )
     if result.x is None:
-        raise RuntimeError(f"HiGHS found no bit-width assignment: {result.message}")
+        if result.status != 1:  # 1: the time limit, before any assignment was found
+            raise RuntimeError(f"HiGHS found no bit-width assignment: {result.message}")
+        return _best_uniform(problem, widths), False
     chosen = np.argmax(result.x[:n_x].reshape(n_groups, n_widths), axis=1)
     return widths[chosen], bool(result.status == 0)
+
+
+def _best_uniform(problem: AssignmentProblem, widths: np.ndarray) -> np.ndarray:
+    """The best one-width-for-all assignment: what a time limit that found nothing gets.
+
+    Every assignment is feasible for lam > 0 (Z is free), and for lam = 0 the smallest
+    width everywhere is the optimum's max time, so this is always a valid answer.
+    """
+    if problem.lam == 0.0:
+        return np.full(problem.num_groups, widths[0])
+    scores = [scaled_objective(problem, np.full(problem.num_groups, w)) for w in widths]
+    return np.full(problem.num_groups, widths[int(np.argmin(scores))])
