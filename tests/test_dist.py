@@ -346,6 +346,19 @@ def test_sage_workers_with_and_without_overlap_equal_one_process(recipe: Path) -
         assert two["test_acc"] == pytest.approx(single["test_acc"], abs=1e-6)
 
 
+def test_tango_runs_its_quantized_kernels_on_every_worker(recipe: Path) -> None:
+    """The tango plugin patches each worker's DGL, overlap's two halves included."""
+    ext_or_skip()
+    tango = ('quant.plugin=["tango"]', "distributed.overlap=true")
+    single = _summary(_qtrain(recipe, *tango))
+    two = _summary(_qtrain(recipe, *tango, "distributed.world_size=2"))
+    assert two["distributed"]["world_size"] == 2 and two["plugins"] == ["tango"]
+    for primitive in ("gemm", "spmm"):  # rank 0's kernel counts
+        assert two["kernels"][primitive].get("ext-cpu", 0) > 0, two["kernels"]
+    # stochastic rounding draws differ per worker, so the losses are close, not equal
+    assert two["final_loss"] == pytest.approx(single["final_loss"], rel=0.02)
+
+
 def test_adaptive_bits_are_assigned_by_rank_0_and_reported(recipe: Path) -> None:
     ext_or_skip()
     done = _qtrain(
