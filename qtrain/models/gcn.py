@@ -85,8 +85,9 @@ class GCN(GNNModel):
         """``(source rows, edge weights)`` to give GraphConv on ``block`` (``h``: its source
         rows), so that it computes the full-graph GCN: the rows scaled per source and no
         weights where ``source_scale`` allows (DGL's ``copy_u`` sum instead of ``u_mul_e``:
-        a hidden layer of a 4-worker arxiv partition, forward and backward, took 390 ms
-        instead of 1,000 on one CPU thread), else the rows and ``block_weights``."""
+        a hidden layer of rank 0's 4-worker arxiv block, forward and backward, one thread,
+        took 410 ms instead of 1,011, ``bench/overlap_layer.py``), else the rows and
+        ``block_weights``."""
         scale = self.source_scale(block)
         if scale is None:
             return h, self.block_weights(block)
