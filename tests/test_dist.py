@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,15 @@ from conftest import ext_or_skip
 
 from qtrain._compat import import_dgl
 from qtrain.dist.adaptive import message_coefficients
-from qtrain.dist.exchange import BitPlan, Layout, decode_segment, encode_segment, message_bytes
+from qtrain.dist.exchange import (
+    BitPlan,
+    Layout,
+    SharedGradient,
+    decode_segment,
+    encode_segment,
+    message_bytes,
+    with_halo,
+)
 from qtrain.dist.partition import assign_parts, build_partition
 from qtrain.dist.trainer import OwnedParts
 from qtrain.quant import rowwise
@@ -274,6 +283,77 @@ def test_owned_parts_gradient_is_that_of_two_slices(n_central: int, n_read: int,
     torch.testing.assert_close(grad(lambda t: OwnedParts.apply(t, n_read, n_central)), expected)
     with pytest.raises(ValueError, match="n_central <= n_read"):
         OwnedParts.apply(x, 2, 3)
+
+
+class _LoopbackMessenger:
+    """A worker's messenger without peers: fixed halo rows come in, and the halo rows'
+    gradients it is given are answered by fixed gradients for the owned rows."""
+
+    def __init__(self, halo: torch.Tensor, returned: torch.Tensor) -> None:
+        self.halo, self.returned = halo, returned
+        self.posted = self.finished = 0
+
+    def fetch_halo(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        return torch.cat([x, self.halo])
+
+    def post_grads(self, grad_rows: torch.Tensor, layer: int, overlap: bool = True) -> Any:
+        self.posted += 1
+        owned = self.returned.shape[0]
+        return SimpleNamespace(dest=grad_rows[:owned].reshape(owned, -1).clone())
+
+    def finish_grads(self, pending: Any, dtype: torch.dtype) -> torch.Tensor:
+        self.finished += 1
+        return pending.dest.add_(self.returned.reshape(pending.dest.shape)).to(dtype)
+
+    def return_grads(self, grad_rows: torch.Tensor, layer: int) -> torch.Tensor:
+        return self.finish_grads(self.post_grads(grad_rows, layer), grad_rows.dtype)
+
+
+@pytest.mark.parametrize("halo_first", [False, True])
+@pytest.mark.parametrize("used", ["both", "read", "rest"])
+def test_shared_gradient_is_the_sum_of_both_readers(halo_first: bool, used: str) -> None:
+    """Overlap's halves share one gradient of the owned rows: whichever of OwnedParts and
+    WithHalo runs backward first (autograd runs the later-made one first), the owned rows'
+    gradient is that of the plain slices plus what the halo's owners send back, and the
+    halo gradients' return is started and finished once."""
+    owned, n_central, n_read = 9, 3, 6
+    x = torch.randn(owned, 4, dtype=torch.float64)
+    halo, returned = torch.randn(5, 4, dtype=x.dtype), torch.randn(owned, 4, dtype=x.dtype)
+    w_read, w_rest = (
+        torch.randn(n_read, 4, dtype=x.dtype),
+        torch.randn(owned - n_central, 4, dtype=x.dtype),
+    )
+    w_rows = torch.randn(owned + 5, 4, dtype=x.dtype)
+
+    def grad(shared: bool) -> torch.Tensor:
+        leaf = x.clone().requires_grad_()
+        messenger = _LoopbackMessenger(halo, returned)
+        link = SharedGradient(messenger) if shared else None  # type: ignore[arg-type]
+
+        def rows() -> torch.Tensor:
+            return with_halo(leaf, messenger, 1, None, link)  # type: ignore[arg-type]
+
+        first = rows() if halo_first else None
+        read, rest = OwnedParts.apply(leaf, n_read, n_central, link)
+        source = first if first is not None else rows()
+        loss = (source * w_rows).sum()
+        if used in ("both", "read"):
+            loss = loss + (read * w_read).sum()
+        if used in ("both", "rest"):
+            loss = loss + (rest * w_rest).sum()
+        loss.backward()
+        assert (messenger.posted, messenger.finished) == (1, 1)
+        if link is not None:
+            assert link.pending is None and link.local is None
+        return leaf.grad
+
+    expected = w_rows[:owned] + returned
+    if used in ("both", "read"):
+        expected[:n_read] += w_read
+    if used in ("both", "rest"):
+        expected[n_central:] += w_rest
+    torch.testing.assert_close(grad(shared=False), expected)
+    torch.testing.assert_close(grad(shared=True), expected)
 
 
 # ------------------------------------------------------------------ runs

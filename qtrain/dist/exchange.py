@@ -368,9 +368,11 @@ class Messenger:
         """``x_owned`` followed by its halo rows, fetched from their owners."""
         return self.finish_halo(self.post_halo(x_owned, layer, overlap=False), x_owned.dtype)
 
-    def return_grads(self, grad_rows: torch.Tensor, layer: int) -> torch.Tensor:
-        """The gradient of the owned rows, from the gradient of the layer's source rows
-        (owned, then halo): each halo row's gradient goes back to its owner and is added."""
+    def post_grads(self, grad_rows: torch.Tensor, layer: int, overlap: bool = True) -> Pending:
+        """Start sending the halo rows' gradients (``grad_rows``: the layer's source rows'
+        gradient, owned rows then halo) back to their owners. ``pending.dest`` is already
+        the owned rows' own gradient (float32 ``[owned, values]``), which the owners'
+        returns are added to by :meth:`finish_grads`; more may be added to it meanwhile."""
         part = self.part
         tag = f"layer{layer}.backward"
         flat = grad_rows.reshape(grad_rows.shape[0], -1).to(torch.float32).contiguous()
@@ -380,8 +382,20 @@ class Messenger:
         send = self._layout(tag, "send", send_plan, self._halo_rows, dim)
         recv = self._layout(tag, "recv", recv_plan, self._owned_rows, dim)
         grad = flat[: part.num_owned].clone()
-        self._complete(self._post(tag, flat, send, recv, grad, add=True, overlap=False))
-        return grad.reshape(part.num_owned, *grad_rows.shape[1:]).to(grad_rows.dtype)
+        pending = self._post(tag, flat, send, recv, grad, add=True, overlap=overlap)
+        pending.shape = grad_rows.shape[1:]
+        return pending
+
+    def finish_grads(self, pending: Pending, dtype: torch.dtype) -> torch.Tensor:
+        """The owned rows' gradient of a return :meth:`post_grads` started."""
+        grad = self._complete(pending)
+        return grad.reshape(self.part.num_owned, *pending.shape).to(dtype)
+
+    def return_grads(self, grad_rows: torch.Tensor, layer: int) -> torch.Tensor:
+        """The gradient of the owned rows, from the gradient of the layer's source rows
+        (owned, then halo): each halo row's gradient goes back to its owner and is added."""
+        pending = self.post_grads(grad_rows, layer, overlap=False)
+        return self.finish_grads(pending, grad_rows.dtype)
 
 
 def _row_ranges(source: torch.Tensor, message: PeerMessage, buffer: torch.Tensor) -> torch.Tensor:
@@ -405,6 +419,57 @@ def _row_ranges(source: torch.Tensor, message: PeerMessage, buffer: torch.Tensor
     return ranges
 
 
+class SharedGradient:
+    """One gradient of the owned rows for two autograd Functions that both read them.
+
+    Overlap's halves read the owned rows through ``OwnedParts`` and ``WithHalo``.
+    Left to autograd, each would return a gradient of all the owned rows and
+    autograd would add the two. Here the one whose backward runs first leaves
+    its part and returns none, and the second returns the whole. Autograd runs
+    ``WithHalo`` first (it was made later): its backward only starts returning
+    the halo gradients (:meth:`Messenger.post_grads`), ``OwnedParts`` adds its
+    part into the gradient while they are in flight, after the central half's
+    backward has run, and then waits for them.
+    """
+
+    def __init__(self, messenger: Messenger) -> None:
+        self.messenger = messenger
+        self.pending: Pending | None = None  # the halo gradients' return, when WithHalo ran first
+        self.dtype: torch.dtype = torch.float32
+        self.local: torch.Tensor | None = None  # OwnedParts' part, when it ran first
+
+    @property
+    def resolved(self) -> bool:
+        """Whether no part is left waiting for the other (both backwards ran, or neither)."""
+        return self.pending is None and self.local is None
+
+    def halo_returned(self, grad_rows: torch.Tensor, layer: int) -> torch.Tensor | None:
+        """``WithHalo``'s backward: the owned rows' gradient if ``OwnedParts`` already ran."""
+        if self.local is None:
+            self.pending, self.dtype = self.messenger.post_grads(grad_rows, layer), grad_rows.dtype
+            return None
+        grad = self.messenger.return_grads(grad_rows, layer)
+        local, self.local = self.local, None
+        return grad.add_(local)
+
+    def owned_part(
+        self,
+        add_into: Callable[[torch.Tensor], None],
+        shape: torch.Size,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """``OwnedParts``' backward: ``add_into(grad)`` adds its part to a gradient of the
+        owned rows (``shape``, ``dtype``); the whole gradient if ``WithHalo`` already ran."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            self.local = torch.zeros(shape, dtype=dtype, device=device)
+            add_into(self.local)
+            return None
+        add_into(pending.dest.view(shape) if dtype == torch.float32 else pending.dest)
+        return self.messenger.finish_grads(pending, self.dtype)
+
+
 class WithHalo(torch.autograd.Function):
     """``x_owned`` followed by its halo rows forward; backward the halo rows' gradients
     go back to their owners and are added to the owned rows' own."""
@@ -416,20 +481,28 @@ class WithHalo(torch.autograd.Function):
         messenger: Messenger,
         layer: int,
         pending: Pending | None,
+        shared: SharedGradient | None,
     ) -> torch.Tensor:
-        ctx.messenger, ctx.layer = messenger, layer
+        ctx.messenger, ctx.layer, ctx.shared = messenger, layer, shared
         if pending is None:
             return messenger.fetch_halo(x_owned.detach(), layer)
         return messenger.finish_halo(pending, x_owned.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return ctx.messenger.return_grads(grad, ctx.layer), None, None, None
+        if ctx.shared is not None:
+            return ctx.shared.halo_returned(grad, ctx.layer), None, None, None, None
+        return ctx.messenger.return_grads(grad, ctx.layer), None, None, None, None
 
 
 def with_halo(
-    x_owned: torch.Tensor, messenger: Messenger, layer: int, pending: Pending | None = None
+    x_owned: torch.Tensor,
+    messenger: Messenger,
+    layer: int,
+    pending: Pending | None = None,
+    shared: SharedGradient | None = None,
 ) -> torch.Tensor:
     """``x_owned`` followed by its halo rows: a block's source rows for ``layer``; with
-    ``pending`` (from ``Messenger.post_halo``) the fetch already under way."""
-    return WithHalo.apply(x_owned, messenger, layer, pending)
+    ``pending`` (from ``Messenger.post_halo``) the fetch already under way; with
+    ``shared``, the gradient of ``x_owned`` is made together with another reader's."""
+    return WithHalo.apply(x_owned, messenger, layer, pending, shared)

@@ -25,7 +25,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
 from qtrain.dist.adaptive import AdaptiveBits
-from qtrain.dist.exchange import Messenger, with_halo
+from qtrain.dist.exchange import Messenger, SharedGradient, with_halo
 from qtrain.dist.partition import Partition
 from qtrain.models.base import GNNModel
 from qtrain.train.activations import ActivationMeter
@@ -42,38 +42,53 @@ class OwnedParts(torch.autograd.Function):
 
     Overlap's two halves read overlapping parts of the owned rows. Two plain slices
     would each zero-fill a gradient of all the owned rows in backward and then add
-    them; this writes each row's gradient once (the rows both read, added).
+    them; this writes each row's gradient once (the rows both read, added). With a
+    ``SharedGradient`` it adds them into the gradient the halo's return makes instead.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, x: torch.Tensor, n_read: int, n_central: int
+        ctx: Any,
+        x: torch.Tensor,
+        n_read: int,
+        n_central: int,
+        shared: SharedGradient | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= n_central <= n_read <= x.shape[0]:
             raise ValueError(f"need 0 <= n_central <= n_read <= {x.shape[0]} rows")
-        ctx.n_read, ctx.n_central, ctx.like = n_read, n_central, (x.shape, x.dtype, x.device)
+        ctx.n_read, ctx.n_central, ctx.shared = n_read, n_central, shared
+        ctx.like = (x.shape, x.dtype, x.device)
         return x[:n_read], x[n_central:]
 
     @staticmethod
     def backward(  # type: ignore[override]
         ctx: Any, g_read: torch.Tensor | None, g_rest: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, None, None]:
-        if g_read is None and g_rest is None:
-            return None, None, None
+    ) -> tuple[torch.Tensor | None, None, None, None]:
         n_read, n_central = ctx.n_read, ctx.n_central
         shape, dtype, device = ctx.like
+        if ctx.shared is not None:
+
+            def add_into(grad: torch.Tensor) -> None:
+                if g_read is not None:
+                    grad[:n_read].add_(g_read.reshape(grad[:n_read].shape))
+                if g_rest is not None:
+                    grad[n_central:].add_(g_rest.reshape(grad[n_central:].shape))
+
+            return ctx.shared.owned_part(add_into, shape, dtype, device), None, None, None
+        if g_read is None and g_rest is None:
+            return None, None, None, None
         grad = torch.empty(shape, dtype=dtype, device=device)
         if g_rest is None:
             grad[n_read:].zero_()
             grad[:n_read].copy_(g_read)
-            return grad, None, None
+            return grad, None, None, None
         grad[n_central:].copy_(g_rest)
         if g_read is None:
             grad[:n_central].zero_()
         else:
             grad[:n_central].copy_(g_read[:n_central])
             grad[n_central:n_read].add_(g_read[n_central:])
-        return grad, None, None
+        return grad, None, None, None
 
 
 class DistTrainer(Trainer):
@@ -123,6 +138,7 @@ class DistTrainer(Trainer):
         self._epochs: list[tuple[int, float, float, float]] = []  # bytes, comm, quant, wall
         self._hooks: list[Any] = []
         self._wrapped: list[Any] = []
+        self._shared: list[SharedGradient] = []  # this step's overlapped layers' gradients
         if overlap:
             self._central = part.central_block.to(device)
             self._marginal = part.marginal_block.to(device)
@@ -179,11 +195,15 @@ class DistTrainer(Trainer):
 
         def overlapped(graph: Any, feat: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             pending = self.messenger.post_halo(feat, layer)
-            read, marginal = OwnedParts.apply(feat, n_read, n_central)
+            shared = None
+            if torch.is_grad_enabled():
+                shared = SharedGradient(self.messenger)
+                self._shared.append(shared)
+            read, marginal = OwnedParts.apply(feat, n_read, n_central, shared)
             rows, central_kwargs = self._conv_inputs(self._central, read, kwargs)
             inner = forward(self._central, rows, *args, **central_kwargs)
             rows, marginal_kwargs = self._conv_inputs(
-                self._marginal, with_halo(feat, self.messenger, layer, pending), kwargs
+                self._marginal, with_halo(feat, self.messenger, layer, pending, shared), kwargs
             )
             outer = forward(self._marginal, (rows, marginal), *args, **marginal_kwargs)
             return torch.cat([inner, outer])
@@ -284,6 +304,7 @@ class DistTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         idx = self.idx["train"]
         share = idx.numel() / max(self.global_counts["train"], 1)
+        self._shared.clear()
         with self.meter.step(self._step_inputs):
             logits = self.model(self.blocks, self.feat)
             # 0 * sum keeps every worker's backward (and so its halo exchanges) running
@@ -291,6 +312,10 @@ class DistTrainer(Trainer):
             if idx.numel():
                 loss = loss + self.loss_fn(logits[idx], self.labels[idx]) * share
             loss.backward()
+            if not all(shared.resolved for shared in self._shared):
+                # one of a layer's two halves got no gradient: the owned rows' would be
+                # incomplete (cannot happen with DGL's layers, which read their inputs)
+                raise RuntimeError("an overlapped layer's halves did not both run backward")
             self._all_reduce_grads()
             self.optimizer.step()
         total = loss.detach().clone()
