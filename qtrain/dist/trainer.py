@@ -3,7 +3,9 @@
 The model runs on the worker's block (destinations: owned nodes; sources:
 owned + halo) in every layer. With ``overlap`` each layer after the first
 runs in two halves instead: the central nodes (no halo in-neighbour) while
-the halo rows are in flight, then the marginal ones (adaqp-mlsys23 §3.4). A forward pre-hook on each GNN layer after the
+the halo rows are in flight, then the marginal ones (adaqp-mlsys23 §3.4);
+backward, the halo rows' gradients travel back while the central half runs
+its backward. Without it, a forward pre-hook on each GNN layer after the
 first appends the halo rows, fetched from their owners, to the owned rows the
 previous layer produced (``qtrain.dist.exchange``); the first layer reads the
 halo's input features from the worker's own copy of the graph. The loss is
