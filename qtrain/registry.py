@@ -77,9 +77,11 @@ class Registry(Generic[F]):
 
     def _ensure_loaded(self) -> None:
         if not self._loaded:
-            self._loaded = True
             assert self._loader is not None
+            # marked only once every loader imported: a failed import is raised again on the
+            # next lookup instead of leaving a registry that silently lacks its entries
             self._loader()
+            self._loaded = True
 
     def get(self, name: str) -> Entry[F]:
         """The entry for ``name``, or a RecipeError listing the names allowed."""

@@ -230,3 +230,60 @@ def test_corrupt_processed_file(tmp_path: Path) -> None:
         load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
     message = str(err.value)
     assert "ogb could not read" in message and "delete it" in message and "\n" not in message
+
+
+class _Hostile:
+    """Unpickling this runs a shell command: a weights-only read refuses it first."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_split_dict_is_read_weights_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = write_arxiv(tmp_path)
+    marker = tmp_path / "pwned"
+    path = folder / "split" / "time" / "split_dict.pt"
+    torch.save({"train": torch.arange(3), "valid": _Hostile(marker), "test": []}, path)
+    # what made ogb's own torch.load run the file's code
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    message = str(err.value)
+    assert str(path) in message and "refusing" in message and "\n" not in message
+    assert not marker.exists()
+
+
+def test_split_dict_of_tensors_is_used(tmp_path: Path) -> None:
+    folder = write_arxiv(tmp_path)
+    ids = {"train": torch.tensor([0, 1, 2]), "valid": torch.tensor([3]), "test": torch.arange(4, 9)}
+    torch.save(ids, folder / "split" / "time" / "split_dict.pt")
+    g = load_dataset("ogbn-arxiv", {"root": str(tmp_path)}).graph
+    assert torch.equal(torch.nonzero(g.ndata["train_mask"]).flatten(), ids["train"])
+    assert [int(g.ndata[k].sum()) for k in ("train_mask", "val_mask", "test_mask")] == [3, 1, 5]
+
+
+@pytest.mark.parametrize(
+    ("split_dict", "expected"),
+    [
+        (
+            {"train": torch.tensor([0, N]), "valid": [], "test": []},
+            rf"train split holds node id {N}",
+        ),
+        ({"train": torch.tensor([-1]), "valid": [], "test": []}, "train split holds node id -1"),
+        ({"train": torch.ones(2, 2).long(), "valid": [], "test": []}, "1-D list of integer"),
+        ({"train": torch.tensor([0.5]), "valid": [], "test": []}, "1-D list of integer"),
+        ({"train": torch.tensor([0])}, "keys train, valid, test"),
+        ([1, 2, 3], "keys train, valid, test"),
+    ],
+)
+def test_bad_split_dict_is_one_line(tmp_path: Path, split_dict: object, expected: str) -> None:
+    folder = write_arxiv(tmp_path)
+    torch.save(split_dict, folder / "split" / "time" / "split_dict.pt")
+    with pytest.raises(DatasetError, match=expected) as err:
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    assert "\n" not in str(err.value)

@@ -23,6 +23,14 @@ def data_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "qtrain" / "datasets"
 
 
+def memory_budget() -> int:
+    """Bytes one dense array read from a file may take: half of this machine's memory."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 8 << 30
+
+
 @dataclass
 class NodeDataset:
     """A node-classification task on one graph.
@@ -69,6 +77,12 @@ class NodeDataset:
             raise DatasetError(
                 f"{where}: feat must be float32 [{n}, F], got {feat.dtype} {list(feat.shape)}"
             )
+        if feat.shape[1] == 0:
+            raise DatasetError(
+                f"{where}: the nodes have no features (width 0); at least 1 is needed"
+            )
+        if not bool(torch.isfinite(feat).all()):
+            raise DatasetError(f"{where}: the features hold NaN or infinite values")
         if self.multilabel:
             ok = label.dtype == torch.float32 and label.shape == (n, self.num_classes)
             expected = f"float32 [{n}, {self.num_classes}]"
@@ -94,10 +108,28 @@ class NodeDataset:
         return self
 
 
-def index_mask(num_nodes: int, index: Any) -> Any:
-    """A boolean mask of ``num_nodes`` with ``index`` set: splits come as index lists."""
+def index_mask(num_nodes: int, index: Any, what: str) -> Any:
+    """A boolean mask of ``num_nodes`` with ``index`` set: splits come as index lists.
+
+    ``index`` comes from a file, so its type, shape and range are checked here
+    (``what`` names it in the error) before anything is written through it.
+    """
     import torch
 
+    try:
+        index = torch.as_tensor(index)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise DatasetError(f"{what} is not a list of node ids ({exc})") from None
+    if index.dim() != 1 or index.dtype.is_floating_point or index.dtype.is_complex:
+        raise DatasetError(
+            f"{what} must be a 1-D list of integer node ids, got {index.dtype} {list(index.shape)}"
+        )
+    index = index.to(torch.int64)
+    if len(index) and (int(index.min()) < 0 or int(index.max()) >= num_nodes):
+        raise DatasetError(
+            f"{what} holds node id {int(index.min()) if int(index.min()) < 0 else int(index.max())}, "
+            f"outside 0..{num_nodes - 1}"
+        )
     mask = torch.zeros(num_nodes, dtype=torch.bool)
-    mask[torch.as_tensor(index, dtype=torch.int64)] = True
+    mask[index] = True
     return mask

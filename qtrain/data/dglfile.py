@@ -16,7 +16,6 @@ shape. Accepted:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from qtrain.config import option
 from qtrain.data import DATASETS
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK, NodeDataset
+from qtrain.data.dgl_reader import read_graph_file
 from qtrain.errors import DatasetError
 
 # First 8 bytes of every file dgl.save_graphs writes (kDGLSerializeMagic, little endian).
@@ -50,8 +50,6 @@ class DglFileOptions:
 
 def _read_graph(path: Path, index: int) -> Any:
     """Graph ``index`` of the DGL file at ``path``; DatasetError for anything but a good file."""
-    from qtrain._compat import import_dgl
-
     if not path.exists():
         raise DatasetError(
             f"dataset 'dgl-file': {path} does not exist; "
@@ -69,23 +67,7 @@ def _read_graph(path: Path, index: int) -> Any:
             f"dataset 'dgl-file': {path} is not a DGL graph file (it does not start with DGL's "
             "marker); write it with dgl.save_graphs"
         )
-    dgl = import_dgl()
-    try:
-        graphs, _ = dgl.load_graphs(str(path))
-    except Exception as exc:  # DGLError for truncated / garbled files
-        lines = str(exc).strip().splitlines()
-        # "[12:00:00] /opt/dgl/src/...cc:43: Check failed: ...": keep the part after the location
-        detail = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0]) if lines else type(exc).__name__
-        raise DatasetError(
-            f"dataset 'dgl-file': {path} is truncated or corrupt ({detail.strip()[:160]}); "
-            "write it again with dgl.save_graphs"
-        ) from None
-    if index >= len(graphs):
-        raise DatasetError(
-            f"dataset 'dgl-file': graph_index = {index} but {path} holds {len(graphs)} "
-            f"graph(s); allowed: 0 to {len(graphs) - 1}"
-        )
-    return graphs[index]
+    return read_graph_file(path, index, f"dataset 'dgl-file': {path}")
 
 
 def _field(g: Any, key: str, role: str, path: Path) -> Any:
@@ -160,11 +142,6 @@ def load_dgl_file(opts: DglFileOptions) -> NodeDataset:
     path = Path(opts.path).expanduser()
     g = _read_graph(path, opts.graph_index)
     where = f"dataset 'dgl-file': {path}"
-    if len(g.ntypes) != 1 or len(g.canonical_etypes) != 1:
-        raise DatasetError(
-            f"{where} holds a heterogeneous graph (node types {g.ntypes}); only homogeneous "
-            "graphs are supported (dgl.to_homogeneous converts one)"
-        )
     n = g.num_nodes()
 
     feat = _field(g, opts.feat, "feat", path)

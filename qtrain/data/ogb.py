@@ -213,6 +213,28 @@ def check_files(name: str, root: Path) -> Path:
     return folder
 
 
+def _read_split(dataset: Any, folder: Path, meta: dict[str, str]) -> Any:
+    """The official split; ``split_dict.pt`` is read weights-only (ogb's own reader would
+    unpickle anything in it), the CSV files through ogb (pandas, no pickle)."""
+    import torch
+
+    path = folder / "split" / meta["split"] / "split_dict.pt"
+    if not path.is_file():
+        return dataset.get_idx_split()
+    try:
+        split = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a refused global, or truncated / garbled bytes
+        raise DatasetError(
+            f"{path}: refusing to read this split file ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no detail'}); "
+            "it must hold a dict of index tensors: replace it with the original"
+        ) from None
+    parts = ("train", "valid", "test")
+    if not isinstance(split, dict) or any(part not in split for part in parts):
+        raise DatasetError(f"{path}: expected a dict with the keys {', '.join(parts)}")
+    return split
+
+
 @contextlib.contextmanager
 def _stdout_to_stderr() -> Iterator[None]:
     """ogb prints progress to standard output; keep it off (``--json`` owns stdout)."""
@@ -236,8 +258,10 @@ def load_ogb(name: str, opts: OgbOptions) -> NodeDataset:
             # ogb hands pandas' read-only arrays to torch.from_numpy; the copy it makes next is fine
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             dataset = dataset_cls(name=name, root=str(root))
-            split = dataset.get_idx_split()
+            split = _read_split(dataset, folder, meta)
         graph, labels = dataset[0]
+    except DatasetError:
+        raise
     except (Exception, SystemExit) as exc:
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "no detail"
         raise DatasetError(
@@ -286,9 +310,8 @@ def load_ogb(name: str, opts: OgbOptions) -> NodeDataset:
     n = g.num_nodes()
     g.ndata[FEAT] = g.ndata[FEAT].float()
     g.ndata[LABEL] = label
-    g.ndata[TRAIN_MASK] = index_mask(n, split["train"])
-    g.ndata[VAL_MASK] = index_mask(n, split["valid"])
-    g.ndata[TEST_MASK] = index_mask(n, split["test"])
+    for key, part in ((TRAIN_MASK, "train"), (VAL_MASK, "valid"), (TEST_MASK, "test")):
+        g.ndata[key] = index_mask(n, split[part], f"dataset {name!r}: the {part} split")
     info.update(
         nodes=n,
         edges=int(g.num_edges()),

@@ -2,9 +2,11 @@
 
 The files (``ind.<name>.{x,y,tx,ty,allx,ally,graph,test.index}``) are
 Python 2 pickles, and a pickle can run any code when loaded. They are read
-with an unpickler that admits only the handful of NumPy / SciPy /
-collections names these files use, so a tampered file fails with a one-line
-error instead of executing anything.
+by ``safe_pickle``, which admits only the data these files hold and rebuilds
+it through checked constructors, and every array is then checked here
+(index ranges, one-hot labels, finite features, sizes against the file and
+the machine), so a tampered file fails with a one-line error instead of
+executing anything or corrupting memory.
 
 What is built, matching Kipf & Welling's loader and DGL's
 ``CitationGraphDataset`` (minus self-loops):
@@ -25,8 +27,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,13 +34,23 @@ from typing import Any
 import numpy as np
 
 from qtrain.config import option
-from qtrain.data import DATASETS
-from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK, NodeDataset, data_dir
+from qtrain.data import DATASETS, safe_pickle
+from qtrain.data.base import (
+    FEAT,
+    LABEL,
+    TEST_MASK,
+    TRAIN_MASK,
+    VAL_MASK,
+    NodeDataset,
+    data_dir,
+    memory_budget,
+)
 from qtrain.errors import DatasetError
 
 NAMES = ("cora", "citeseer", "pubmed")
 PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
 VAL_SIZE = 500
+_NUMPY_INTEGERS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
 
 
 @dataclass(frozen=True)
@@ -57,102 +67,27 @@ class PlanetoidOptions:
     )
 
 
-# ----------------------------------------------------------------- restricted unpickling
-
-
-def _multiarray(attr: str) -> Callable[[], Any]:
-    def get() -> Any:
-        try:
-            from numpy._core import multiarray  # NumPy 2
-        except ImportError:  # pragma: no cover - NumPy 1
-            from numpy.core import multiarray  # type: ignore[no-redef]
-        return getattr(multiarray, attr)
-
-    return get
-
-
-def _frombuffer() -> Any:
-    try:
-        from numpy._core.numeric import _frombuffer  # NumPy 2
-    except ImportError:  # pragma: no cover - NumPy 1
-        from numpy.core.numeric import _frombuffer  # type: ignore[no-redef]
-    return _frombuffer
-
-
-def _sparse(attr: str) -> Callable[[], Any]:
-    def get() -> Any:
-        import scipy.sparse
-
-        return getattr(scipy.sparse, attr)
-
-    return get
-
-
-def _attr(module: str, attr: str) -> Callable[[], Any]:
-    def get() -> Any:
-        import importlib
-
-        return getattr(importlib.import_module(module), attr)
-
-    return get
-
-
-# (module, name) as written in the pickle -> the object it may resolve to. Only
-# data constructors: none of them can reach the file system, a shell or eval.
-_ALLOWED: dict[tuple[str, str], Callable[[], Any]] = {
-    ("numpy", "ndarray"): _attr("numpy", "ndarray"),
-    ("numpy", "dtype"): _attr("numpy", "dtype"),
-    ("collections", "defaultdict"): _attr("collections", "defaultdict"),
-    ("collections", "OrderedDict"): _attr("collections", "OrderedDict"),
-    ("__builtin__", "list"): _attr("builtins", "list"),
-    ("builtins", "list"): _attr("builtins", "list"),
-    ("_codecs", "encode"): _attr(
-        "codecs", "encode"
-    ),  # bytes in protocol-2 pickles written by Python 3
-    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
-    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
-}
-for _module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-    for _attr_name in ("_reconstruct", "scalar"):
-        _ALLOWED[(_module, _attr_name)] = _multiarray(_attr_name)
-for _cls, _legacy in (("csr_matrix", "csr"), ("csc_matrix", "csc"), ("coo_matrix", "coo")):
-    for _module in ("scipy.sparse", f"scipy.sparse.{_legacy}", f"scipy.sparse._{_legacy}"):
-        _ALLOWED[(_module, _cls)] = _sparse(_cls)
-
-
-class ForbiddenClass(pickle.UnpicklingError):
-    """The pickle names a class or function outside the allowed list."""
-
-    def __init__(self, module: str, name: str) -> None:
-        super().__init__(f"{module}.{name}")
-        self.qualified = f"{module}.{name}"
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the names in ``_ALLOWED``; anything else raises before it can run."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        resolve = _ALLOWED.get((module, name))
-        if resolve is None:
-            raise ForbiddenClass(module, name)
-        return resolve()
+# ------------------------------------------------------------------------------ reading
 
 
 def load_pickle(path: Path) -> Any:
-    """Unpickle a Planetoid file safely; every failure is a one-line DatasetError naming ``path``."""
+    """Unpickle a Planetoid file into checked records; every failure is one line naming ``path``."""
     if not path.is_file():
         raise DatasetError(_missing(path))
     try:
-        with open(path, "rb") as f:
-            return RestrictedUnpickler(f, encoding="latin1").load()
-    except ForbiddenClass as exc:
+        return safe_pickle.load(path)
+    except safe_pickle.UnsafePickle as exc:
         raise DatasetError(
-            f"{path}: refusing to load this pickle: it asks for {exc.qualified}, which Planetoid "
-            "files never contain (allowed: NumPy arrays, SciPy sparse matrices, "
-            "collections.defaultdict of lists); replace the file with the original"
+            f"{path}: refusing to load this pickle: it asks for {exc}, which Planetoid "
+            f"files never contain (allowed: {safe_pickle.ALLOWED_NAMES}); replace the file "
+            "with the original"
         ) from None
+    except safe_pickle.MalformedRecord as exc:
+        raise DatasetError(f"{path} is corrupt: {exc}; replace it with the original") from None
     except MemoryError:
         raise DatasetError(f"{path} is corrupt (it asks for more memory than exists)") from None
+    except RecursionError:
+        raise DatasetError(f"{path} is corrupt (it nests objects too deeply)") from None
     except Exception as exc:  # truncated or garbled data surfaces as many exception types
         raise DatasetError(
             f"{path} is truncated or corrupt ({type(exc).__name__}: {_first_line(exc)}); "
@@ -176,20 +111,33 @@ def _missing(path: Path) -> str:
 # ------------------------------------------------------------------------------ loading
 
 
-def _dense(matrix: Any, path: Path) -> np.ndarray:
-    import scipy.sparse as sp
+def _features(value: Any, path: Path) -> np.ndarray:
+    """A feature matrix (sparse or dense) as float32, every index and value checked first."""
+    try:
+        if isinstance(value, safe_pickle.SparseRecord):
+            dense = safe_pickle.sparse_to_dense(value, "its sparse matrix", memory_budget())
+        else:
+            dense = safe_pickle.as_array(value, "the feature matrix").astype(np.float32)
+    except safe_pickle.MalformedRecord as exc:
+        raise DatasetError(f"{path} is corrupt: {exc}; replace it with the original") from None
+    if dense.ndim != 2:
+        raise DatasetError(f"{path}: expected a 2-D feature matrix, found {dense.ndim}-D")
+    if not np.isfinite(dense).all():
+        raise DatasetError(f"{path}: the features hold NaN or infinite values")
+    return dense
 
-    if sp.issparse(matrix):
-        return np.asarray(matrix.toarray(), dtype=np.float32)
-    if isinstance(matrix, np.ndarray) and matrix.ndim == 2:
-        return matrix.astype(np.float32)
-    raise DatasetError(f"{path}: expected a 2-D matrix, found {type(matrix).__name__}")
 
-
-def _matrix_2d(array: Any, path: Path) -> np.ndarray:
-    if not isinstance(array, np.ndarray) or array.ndim != 2:
+def _one_hot(value: Any, path: Path) -> np.ndarray:
+    """Label rows: 0/1 entries, at most one 1 per row (all-zero rows are unlabelled nodes)."""
+    try:
+        array = safe_pickle.as_array(value, "the label matrix")
+    except safe_pickle.MalformedRecord as exc:
+        raise DatasetError(f"{path}: expected a 2-D one-hot NumPy array ({exc})") from None
+    if array.ndim != 2:
+        raise DatasetError(f"{path}: expected a 2-D one-hot NumPy array, found {array.ndim}-D")
+    if not np.isin(array, (0, 1)).all() or (array.sum(1) > 1).any():
         raise DatasetError(
-            f"{path}: expected a 2-D one-hot NumPy array, found {type(array).__name__}"
+            f"{path}: label rows must be one-hot (entries 0 or 1, at most one 1 per row)"
         )
     return array
 
@@ -200,7 +148,7 @@ def _test_index(path: Path) -> np.ndarray:
     try:
         text = path.read_text(encoding="ascii")
         index = np.asarray(text.split()).astype(np.int64)
-    except (UnicodeDecodeError, ValueError, OSError) as exc:
+    except (UnicodeDecodeError, ValueError, OverflowError, OSError) as exc:
         raise DatasetError(
             f"{path} is corrupt ({_first_line(exc)}); expected one integer node id per line"
         ) from None
@@ -213,16 +161,34 @@ def _edges(graph: Any, n: int, path: Path) -> tuple[np.ndarray, np.ndarray, int]
         raise DatasetError(
             f"{path}: expected a dict of adjacency lists, found {type(graph).__name__}"
         )
+    odd = {type(v).__name__ for v in graph.values() if not isinstance(v, list)}
+    if odd:
+        raise DatasetError(
+            f"{path}: expected a dict of adjacency lists, found values of type {', '.join(sorted(odd))}"
+        )
+    lengths = np.fromiter((len(v) for v in graph.values()), dtype=np.int64, count=len(graph))
+    # every list entry takes at least one byte of the file unless the pickle shares one list
+    # between many nodes, which would let a few bytes ask for unbounded memory
+    limit = path.stat().st_size
+    if int(lengths.sum()) > limit:
+        raise DatasetError(
+            f"{path} is corrupt: its adjacency lists hold {int(lengths.sum())} entries, more "
+            f"than the file's {limit} bytes can store (lists shared between nodes)"
+        )
+    entries = itertools.chain(graph.keys(), itertools.chain.from_iterable(graph.values()))
+    odd = {type(v) for v in entries} - {int, *_NUMPY_INTEGERS}
+    if odd:
+        raise DatasetError(
+            f"{path}: adjacency lists must map node ids to lists of node ids (integers), "
+            f"found {', '.join(sorted(t.__name__ for t in odd))}"
+        )
     try:
         heads = np.fromiter(graph.keys(), dtype=np.int64, count=len(graph))
-        lengths = np.fromiter((len(v) for v in graph.values()), dtype=np.int64, count=len(graph))
         tails = np.fromiter(
             itertools.chain.from_iterable(graph.values()), dtype=np.int64, count=int(lengths.sum())
         )
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise DatasetError(
-            f"{path}: adjacency lists must map node ids to lists of node ids ({_first_line(exc)})"
-        ) from None
+    except OverflowError as exc:
+        raise DatasetError(f"{path}: a node id is out of range ({_first_line(exc)})") from None
     src = np.repeat(heads, lengths)
     ids = np.concatenate([src, tails])
     if len(ids) and (ids.min() < 0 or ids.max() >= n):
@@ -255,8 +221,8 @@ def load_planetoid(name: str, opts: PlanetoidOptions) -> NodeDataset:
         if not path.is_file():
             raise DatasetError(_missing(path))
     obj = {part: load_pickle(files[part]) for part in PARTS}
-    x, tx, allx = (_dense(obj[p], files[p]) for p in ("x", "tx", "allx"))
-    y, ty, ally = (_matrix_2d(obj[p], files[p]) for p in ("y", "ty", "ally"))
+    x, tx, allx = (_features(obj[p], files[p]) for p in ("x", "tx", "allx"))
+    y, ty, ally = (_one_hot(obj[p], files[p]) for p in ("y", "ty", "ally"))
     test = _test_index(files["test.index"])
 
     n_all, n_classes, n_feat = len(allx), ally.shape[1], allx.shape[1]
@@ -275,6 +241,14 @@ def load_planetoid(name: str, opts: PlanetoidOptions) -> NodeDataset:
         )
     if len(test) and (test.min() < n_all or len(np.unique(test)) != len(test)):
         problems.append(f"test.index must list distinct node ids from {n_all} (after allx) up")
+    elif len(test) and int(test.max()) + 1 - n_all > 2 * len(test):
+        # ids in the test range that test.index leaves out become featureless padding nodes
+        # (Citeseer has 15 of 1,015); far more than listed means a corrupt id, not padding
+        problems.append(
+            f"test.index lists {len(test)} ids but reaches node {int(test.max())}: the "
+            f"{int(test.max()) + 1 - n_all - len(test)} ids it leaves out would become "
+            f"featureless nodes (at most {len(test)}, as many as it lists, are allowed)"
+        )
     if problems:
         raise DatasetError(f"dataset {name!r} in {folder} is inconsistent: {'; '.join(problems)}")
 

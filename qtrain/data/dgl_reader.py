@@ -1,0 +1,165 @@
+"""DGL's graph-file reader, run in a child process and checked before its result is used.
+
+``dgl.load_graphs`` is C++ that trusts the lengths written in the file: two
+changed bytes in a 26 KB file made it ask for gigabytes and abort the
+process (``std::bad_alloc``, SIGABRT), and other changes loaded "fine" with
+edge ids past the last node, which the kernels would later read out of
+bounds. So the reader runs in a forked child with an address-space limit;
+what it hands back is plain tensors in a weights-only file; and the parent
+checks every edge id and field length before building the graph with
+``dgl.graph``. A crash of the child is one line naming the file.
+
+Children fork from a ``multiprocessing`` forkserver that imported DGL once
+(``qtrain.data._dgl_preload``); it has never run a parallel region, so
+forking it is safe where forking a trainer would not be.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from qtrain.errors import DatasetError
+
+# What a legitimate load needs beyond the process's current size: the arrays (about the
+# file's size, held twice while they are copied out) plus slack for DGL's own structures.
+_MEMORY_PER_FILE_BYTE = 8
+_MEMORY_SLACK = 2 << 30
+
+
+def read_graph_file(path: Path, index: int, where: str) -> Any:
+    """Homogeneous DGL graph ``index`` of ``path``, with its node and edge data.
+
+    ``where`` (naming the file) starts every error message. Raises
+    DatasetError for anything the child could not read, a crash of the child,
+    or inconsistent contents.
+    """
+    import torch
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["qtrain.data._dgl_preload"])
+    with tempfile.TemporaryDirectory(prefix="qtrain-dgl-read-") as tmp:
+        out = Path(tmp) / "graph.pt"
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_child, args=(str(path), index, str(out), send), daemon=True)
+        child.start()
+        send.close()
+        try:
+            error = receive.recv()
+        except EOFError:  # the child died before it could say anything
+            error = None
+        child.join()
+        if child.exitcode != 0:
+            raise DatasetError(f"{where} is corrupt: DGL's reader {_how_it_ended(child.exitcode)}")
+        if error:
+            raise DatasetError(f"{where} {error}")
+        contents = torch.load(out, map_location="cpu", weights_only=True)
+    return _build(contents, where)
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return f"crashed on it ({name}); write the file again with dgl.save_graphs"
+    return f"failed on it (exit {exitcode}); write the file again with dgl.save_graphs"
+
+
+def _build(contents: dict[str, Any], where: str) -> Any:
+    """The graph from the child's tensors, every id and length checked first."""
+    import torch
+
+    from qtrain._compat import import_dgl
+
+    if contents["ntypes"] != 1 or contents["etypes"] != 1:
+        raise DatasetError(
+            f"{where} holds a heterogeneous graph (node types {contents['ntype_names']}); only "
+            "homogeneous graphs are supported (dgl.to_homogeneous converts one)"
+        )
+    n, src, dst = int(contents["num_nodes"]), contents["src"], contents["dst"]
+    if n < 0 or src.shape != dst.shape or src.dim() != 1:
+        raise DatasetError(f"{where} is corrupt: its edge lists have different lengths")
+    for ids in (src, dst):
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise DatasetError(
+                f"{where} is corrupt: an edge names node {bad}, outside the graph's 0..{n - 1}"
+            )
+    for kind, data, rows in (("node", contents["ndata"], n), ("edge", contents["edata"], len(src))):
+        for key, value in data.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != rows:
+                raise DatasetError(
+                    f"{where} is corrupt: {kind}-data field {key!r} has "
+                    f"{getattr(value, 'shape', 'no')} rows for {rows} {kind}s"
+                )
+    dgl = import_dgl()
+    g = dgl.graph((src, dst), num_nodes=n)
+    g.ndata.update(contents["ndata"])
+    g.edata.update(contents["edata"])
+    return g
+
+
+def _limit_memory(path: str) -> None:
+    """Cap the child's address space at what it has now plus what the file can justify."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        in_use = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = in_use + _MEMORY_PER_FILE_BYTE * os.path.getsize(path) + _MEMORY_SLACK
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _child(path: str, index: int, out: str, send: Connection) -> None:
+    """Runs in the forked child: read, save plain tensors to ``out``, send an error or None."""
+    send.send(_read_and_save(path, index, out))
+    send.close()
+
+
+def _read_and_save(path: str, index: int, out: str) -> str | None:
+    import torch
+
+    from qtrain._compat import import_dgl
+
+    dgl = import_dgl()
+    _limit_memory(path)
+    try:
+        graphs, _ = dgl.load_graphs(path)
+    except MemoryError:
+        return "is corrupt: DGL's reader asked for more memory than the file justifies"
+    except Exception as exc:  # DGLError for truncated / garbled files
+        return f"is truncated or corrupt ({_dgl_detail(exc)}); write it again with dgl.save_graphs"
+    if index >= len(graphs):
+        return (
+            f"holds {len(graphs)} graph(s), but graph_index = {index}; "
+            f"allowed: 0 to {len(graphs) - 1}"
+        )
+    g = graphs[index]
+    homogeneous = len(g.ntypes) == 1 and len(g.canonical_etypes) == 1
+    src, dst = g.edges() if homogeneous else (torch.zeros(0), torch.zeros(0))
+    torch.save(
+        {
+            "ntypes": len(g.ntypes),
+            "ntype_names": list(g.ntypes),
+            "etypes": len(g.canonical_etypes),
+            "num_nodes": int(g.num_nodes()) if homogeneous else 0,
+            "src": src.to(torch.int64),
+            "dst": dst.to(torch.int64),
+            "ndata": dict(g.ndata) if homogeneous else {},
+            "edata": dict(g.edata) if homogeneous else {},
+        },
+        out,
+    )
+    return None
+
+
+def _dgl_detail(exc: BaseException) -> str:
+    """DGL's "[12:00:00] /opt/dgl/src/...cc:43: Check failed: ..." without the location."""
+    import re
+
+    lines = str(exc).strip().splitlines()
+    detail = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", lines[0]) if lines else type(exc).__name__
+    return detail.strip()[:160]
