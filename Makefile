@@ -6,7 +6,7 @@ DEPS   := $(VENV)/.stamp-deps
 BUILT  := $(VENV)/.stamp-build
 EXT_SOURCES := $(wildcard ext/*.cpp ext/*.h ext/*.cu ext/*.cuh) setup.py pyproject.toml
 
-.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check clean
+.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check cuda-build gpu-check clean
 
 setup: $(BUILT)
 
@@ -21,8 +21,11 @@ $(DEPS): requirements.lock | $(BIN)/python
 	@touch $@
 
 # the package (editable) and its compiled extension, against the torch installed above
+# then, in a child process, an op that must raise does raise (a build that crashes on a
+# C++ exception fails here, with the compilers named, instead of reaching a user)
 $(BUILT): $(DEPS) $(EXT_SOURCES)
 	$(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(BIN)/python -m qtrain.backends
 	@touch $@
 
 run: $(BUILT)
@@ -35,8 +38,8 @@ test-fast: $(BUILT)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(DEPS)
-	$(BIN)/ruff check qtrain plugins tests bench setup.py ext/cuda_check.py
-	$(BIN)/ruff format --check qtrain plugins tests bench setup.py ext/cuda_check.py
+	$(BIN)/ruff check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py
+	$(BIN)/ruff format --check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py
 
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor
@@ -53,5 +56,33 @@ bench-quick: $(BUILT)
 cuda-check: $(DEPS)
 	$(BIN)/python ext/cuda_check.py
 
+# The whole CUDA extension built, imported and its error path proven, without a GPU: a side
+# environment with PyPI's CUDA build of the pinned torch (pip --isolated skips this
+# machine's CPU wheel); the wheels are downloaded once into CUDA_WHEELS and reused.
+CUDA_TORCH  := $(shell sed -n 's/^torch==//p' requirements.lock)
+CUDA_PKGS   := torch==$(CUDA_TORCH) $(shell grep -E '^(numpy|pybind11|setuptools|ninja)==' requirements.lock)
+CUDA_WHEELS ?= $(HOME)/.cache/qtrain/cuda-wheels/torch-$(CUDA_TORCH)
+CUDA_VENV   := .venv-cuda
+
+$(CUDA_WHEELS)/.complete: requirements.lock
+	mkdir -p $(CUDA_WHEELS)
+	$(PYTHON) -m pip download --isolated --quiet --only-binary=:all: -d $(CUDA_WHEELS) $(CUDA_PKGS)
+	@touch $@
+
+$(CUDA_VENV)/.stamp-cuda: $(CUDA_WHEELS)/.complete
+	rm -rf $(CUDA_VENV)
+	$(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -m pip install --isolated --quiet --no-index --find-links $(CUDA_WHEELS) $(CUDA_PKGS)
+	@touch $@
+
+cuda-build: $(CUDA_VENV)/.stamp-cuda
+	$(CUDA_VENV)/bin/python ext/cuda_build.py
+
+# on a GPU machine (python3 there has CUDA torch): a clean in-place build whose error path
+# is proven (with the system compiler if the default one gives a build that crashes on a
+# raise), then every CUDA test and the GPU benchmarks, one report under bench/results/
+gpu-check:
+	python3 bench/gpu.py
+
 clean:
-	rm -rf build qtrain/*.so $(BUILT)
+	rm -rf build qtrain/*.so $(BUILT) $(CUDA_VENV)

@@ -62,12 +62,54 @@ def _torch_lib_dir() -> str:
     return os.path.join(os.path.dirname(torch.__file__), "lib")
 
 
+def cpu_sources() -> list[str]:
+    """qtrain._ext's sources: every ext/*.cpp except the CUDA host files."""
+    return _rel(
+        [p for p in glob.glob(os.path.join(ROOT, EXT_DIR, "*.cpp")) if not p.endswith("_cuda.cpp")]
+    )
+
+
+def cuda_sources() -> list[str]:
+    """qtrain._ext_cuda's sources: ext/*.cu and the host files ext/*_cuda.cpp."""
+    return _rel(
+        glob.glob(os.path.join(ROOT, EXT_DIR, "*.cu"))
+        + glob.glob(os.path.join(ROOT, EXT_DIR, "*_cuda.cpp"))
+    )
+
+
+def object_clashes(sources: list[str]) -> list[tuple[str, str]]:
+    """Pairs of sources that would compile to the same object file.
+
+    torch's ninja build names each object after its source with the suffix
+    replaced (ext/a.cpp and ext/a.cu both give ext/a.o), and ninja then stops
+    with "multiple rules generate": the CUDA extension did not build on a GPU
+    machine for that reason, while compiling file by file had passed.
+    """
+    seen: dict[str, str] = {}
+    clashes = []
+    for source in sources:
+        stem = os.path.splitext(source)[0]
+        if stem in seen:
+            clashes.append((seen[stem], source))
+        seen.setdefault(stem, source)
+    return clashes
+
+
+def _check_objects(name: str, sources: list[str]) -> None:
+    clashes = object_clashes(sources)
+    if clashes:
+        pairs = "; ".join(f"{a} and {b}" for a, b in clashes)
+        raise SystemExit(
+            f"qtrain: {name} cannot build: these sources compile to the same object file: "
+            f"{pairs}; rename one of each pair"
+        )
+
+
 def _cpu_extension() -> object:
-    sources = [
-        p for p in glob.glob(os.path.join(ROOT, EXT_DIR, "*.cpp")) if not p.endswith("_cuda.cpp")
-    ]
+    sources = cpu_sources()
     if not sources:
         raise SystemExit(f"qtrain: no C++ sources in {EXT_DIR}/")
+    _check_objects("qtrain._ext", sources)
     # -g0: no debug info (the .so drops from ~6 MB to well under 1 MB and builds faster)
     cxx = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
     link = ["-fopenmp"]
@@ -77,7 +119,7 @@ def _cpu_extension() -> object:
         link.append("-Wl,-rpath," + _torch_lib_dir())
     return cpp_extension.CppExtension(
         name="qtrain._ext",
-        sources=_rel(sources),
+        sources=sources,
         include_dirs=[os.path.join(ROOT, EXT_DIR)],
         extra_compile_args={"cxx": cxx},
         extra_link_args=link,
@@ -117,13 +159,14 @@ def _cuda_extension() -> object | None:
             )
         _log(f"qtrain._ext_cuda skipped: {reason}")
         return None
-    host = glob.glob(os.path.join(ROOT, EXT_DIR, "*_cuda.cpp"))
+    sources = cuda_sources()
+    _check_objects("qtrain._ext_cuda", sources)
     # sm_80 (A100) and sm_90 (H100 / H200) native, PTX for newer GPUs; a user's own list wins
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCHS)
     _log(f"qtrain._ext_cuda for TORCH_CUDA_ARCH_LIST={archs}")
     return cpp_extension.CUDAExtension(
         name="qtrain._ext_cuda",
-        sources=_rel(cu + host),
+        sources=sources,
         include_dirs=[os.path.join(ROOT, EXT_DIR)],
         extra_compile_args={
             "cxx": ["-O3", "-ffp-contract=off", f'-DQTRAIN_CUDA_ARCHS="{archs}"'],
@@ -145,7 +188,8 @@ def _extensions() -> list[object]:
     return exts
 
 
-setup(
-    ext_modules=_extensions(),
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
-)
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
+    setup(
+        ext_modules=_extensions(),
+        cmdclass={"build_ext": cpp_extension.BuildExtension},
+    )

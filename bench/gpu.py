@@ -3,8 +3,9 @@
 The device tool runs one command of at most ten minutes on a fresh machine, so
 this script does everything in order and writes what it has after each stage:
 
-1. build ``qtrain._ext_cuda`` (``pip install --no-build-isolation --no-deps -e .``
-   with ``QTRAIN_BUILD_CUDA=1``, every core compiling);
+1. build both extensions in place from scratch, every core compiling, and prove
+   that an op that must raise does raise (``ext/cuda_build.py --in-place``, which
+   rebuilds with the system compiler if the default one crashes on a raise);
 2. check: ``pytest tests/test_cuda_tango.py tests/test_cuda_compress.py`` (each
    CUDA kernel against its PyTorch reference);
 3. measure the device's memory bandwidth (a large device-to-device copy);
@@ -42,18 +43,18 @@ from typing import Any
 from _gpu import copy_bandwidth_gbps
 from _record import ROOT, git_commit, write_json
 
+# qtrain from this checkout: a GPU machine has it built in place, not installed, and a pip
+# install made by this process would not be importable until a new interpreter started
+sys.path.insert(0, str(ROOT))
+
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
 TESTS = ("tests/test_cuda_tango.py", "tests/test_cuda_compress.py")
 
 
 def build(log: Path) -> dict[str, Any]:
-    """Compile the extensions in place; the log keeps the compiler's output."""
-    env = {
-        **os.environ,
-        "QTRAIN_BUILD_CUDA": "1",
-        "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 4)),
-    }
-    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-e", "."]
+    """A clean in-place build whose error path is proven (ext/cuda_build.py --in-place)."""
+    env = {**os.environ, "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 4))}
+    cmd = [sys.executable, "ext/cuda_build.py", "--in-place"]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     log.write_text(done.stdout + done.stderr)
@@ -62,6 +63,7 @@ def build(log: Path) -> dict[str, Any]:
         "returncode": done.returncode,
         "seconds": round(time.perf_counter() - start, 1),
         "log": str(log),
+        "summary": (done.stdout.strip().splitlines() or [""])[-1],
     }
 
 

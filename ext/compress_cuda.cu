@@ -61,7 +61,7 @@ namespace qtrain {
 namespace cuda {
 namespace compress {
 
-// The ops (declared for pybind11 in compress_cuda.cpp) are at the end of this file.
+// The ops (declared for pybind11 in bind_compress_cuda.cpp) are at the end of this file.
 
 namespace {
 

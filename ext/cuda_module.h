@@ -10,10 +10,10 @@
 namespace qtrain {
 namespace cuda {
 
-// tango_cuda.cpp: quantize_symmetric, counter_uniform, int8_gemm, quantized_gemm, qspmm, qsddmm
+// bind_tango_cuda.cpp: quantize_symmetric, counter_uniform, int8_gemm, quantized_gemm, qspmm, qsddmm
 void register_tango(pybind11::module_& m);
 
-// compress_cuda.cpp: quantize_rows, dequantize_rows, project_quantize_rows,
+// bind_compress_cuda.cpp: quantize_rows, dequantize_rows, project_quantize_rows,
 // dequantize_unproject_rows, pack_bits, unpack_bits, masked_scale, rademacher
 void register_compress(pybind11::module_& m);
 

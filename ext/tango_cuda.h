@@ -1,5 +1,5 @@
 // C++ entry points of the tango ops in qtrain._ext_cuda. The .cu files implement
-// them (kernels + argument checks + launches on the current stream); tango_cuda.cpp
+// them (kernels + argument checks + launches on the current stream); bind_tango_cuda.cpp
 // binds them with the names, arguments and results of their qtrain._ext twins.
 #pragma once
 
@@ -25,7 +25,7 @@ at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
 
 // gemm_cuda.cu: float32 a, b quantized with the given absmax values (0-d float32) as
 // quantize_symmetric does, multiplied on int8 tensor cores, dequantized (+ bias);
-// returns (c float32 [M, N], absmax of c float32 0-d). See tango_cuda.cpp's docstring.
+// returns (c float32 [M, N], absmax of c float32 0-d). See bind_tango_cuda.cpp's docstring.
 std::tuple<at::Tensor, at::Tensor> quantized_gemm(const at::Tensor& a, const at::Tensor& b,
                                                   const at::Tensor& absmax_a,
                                                   const at::Tensor& absmax_b, int64_t bits_a,

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import signal
+import subprocess
+import sys
 import threading
 from types import ModuleType
 from typing import Any
@@ -137,3 +140,95 @@ def ext_cpu() -> ModuleType:
 def ext_cuda() -> ModuleType:
     """The CUDA extension module, or QtrainError saying why it is not there."""
     return _require("ext-cuda")
+
+
+# One call per backend that must raise ValueError, made before any device is touched, so
+# it runs on machines without a GPU too. On an H100 machine an extension built with a
+# compiler other than torch's died with SIGSEGV on every C++ exception; an import check
+# cannot see that, only a raise can.
+ERROR_PROBES: dict[str, str] = {
+    "ext-cpu": "import torch, qtrain._ext as m; m.quantize_symmetric(torch.ones(3), 9)",
+    "ext-cuda": "import torch, qtrain._ext_cuda as m; m.counter_uniform(-1)",
+}
+_PROBE = """
+import sys
+try:
+    exec(sys.argv[1])
+except ValueError:
+    sys.exit(0)
+except BaseException as exc:
+    print(f"{type(exc).__name__}: {exc}"[:300])
+    sys.exit(3)
+print("it returned without raising")
+sys.exit(4)
+"""
+
+
+def check_error_path(backend: str, probe: str | None = None, timeout: float = 120) -> str | None:
+    """None if an op of ``backend`` that must raise ValueError does so; else what happened.
+
+    The call runs in a child process, so a build that crashes on every C++
+    exception is reported (with the compilers involved) instead of killing
+    the caller. ``probe`` replaces the backend's call (tests use it).
+    """
+    code = probe if probe is not None else ERROR_PROBES[backend]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, code],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return f"{MODULES[backend]}: an op that must raise did not return within {timeout:.0f} s"
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        return (
+            f"{MODULES[backend]} crashed ({name}) when an op raised an error, so any bad argument "
+            f"would kill the process; {_compilers(backend)}; rebuild it with the compiler torch "
+            "was built with or the system's (e.g. CXX=/usr/bin/g++ make build)"
+        )
+    detail = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()[-1]
+    return f"{MODULES[backend]}: an op that must raise ValueError did not ({detail})"
+
+
+def _compilers(backend: str) -> str:
+    """Which compiler built the extension and which built torch, as far as they are known."""
+    import torch
+
+    module, _ = _load(backend)
+    built = None
+    if module is not None and hasattr(module, "info"):
+        try:
+            built = dict(module.info()).get("compiler")
+        except Exception:  # the info call itself may be what crashes
+            built = None
+    torch_line = next(
+        (
+            line.strip(" -")
+            for line in torch.__config__.show().splitlines()
+            if line.strip(" -").startswith(("GCC", "clang", "MSVC"))
+        ),
+        "unknown",
+    )
+    return f"built with {built or 'an unknown compiler'}, torch built with {torch_line}"
+
+
+def main() -> int:
+    """``python -m qtrain.backends`` (run by ``make build``): every built backend raises
+    properly when an op is given a bad argument; status 1 naming the cause otherwise."""
+    failed = False
+    for backend in MODULES:
+        if not available(backend):
+            continue
+        problem = check_error_path(backend)
+        failed |= problem is not None
+        print(f"{MODULES[backend]}: {problem or 'built, and an op that must raise does raise'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

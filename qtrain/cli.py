@@ -374,6 +374,7 @@ def _doctor_report() -> dict[str, Any]:
     import torch
 
     from qtrain import _compat
+    from qtrain.backends import check_error_path
     from qtrain.backends import status as backend_status
     from qtrain.data.base import data_dir
 
@@ -392,6 +393,9 @@ def _doctor_report() -> dict[str, Any]:
         report["dgl_error"] = f"{type(exc).__name__}: {exc}"
     report["compat"] = _compat.applied()
     report["extensions"] = backend_status()
+    for name, info in report["extensions"].items():
+        if info.get("built"):  # an op that must raise does raise (in a child: it may crash)
+            info["error_path"] = check_error_path(name) or "ok"
     devices = [f"cpu ({torch.get_num_threads()} threads)"]
     if torch.cuda.is_available():
         devices += [
@@ -412,8 +416,11 @@ def doctor(
 ) -> None:
     """Report versions, DGL adaptations, the compiled extension and devices."""
     report = guarded(_doctor_report)
-    healthy = report["dgl"] is not None and report["extensions"].get("ext-cpu", {}).get(
-        "built", False
+    extensions = report["extensions"]
+    healthy = (
+        report["dgl"] is not None
+        and extensions.get("ext-cpu", {}).get("built", False)
+        and all(info.get("error_path", "ok") == "ok" for info in extensions.values())
     )
     if as_json:
         _print_json({**report, "healthy": healthy})
@@ -426,7 +433,9 @@ def doctor(
     table.add_row("dgl", report["dgl"] or f"[red]not importable[/red]: {report.get('dgl_error')}")
     table.add_row("compat", "\n".join(report["compat"]) or "(none needed)")
     for name, info in report["extensions"].items():
-        if info.get("built"):
+        if info.get("built") and info.get("error_path") != "ok":
+            table.add_row(name, f"[red]unsafe build[/red]: {info['error_path']}")
+        elif info.get("built"):
             detail = ", ".join(
                 f"{k}={v}" for k, v in info.items() if k not in ("built", "error") and v is not None
             )

@@ -14,7 +14,7 @@ import torch
 from qtrain import backends
 from qtrain.ops import dispatch
 from qtrain.ops import gemm as gemm_ops
-from qtrain.ops import quantize as quantize_ops
+from qtrain.ops import quantize as quantize_op  # the function (it shadows its submodule)
 from qtrain.ops import sparse as sparse_ops
 from qtrain.ops.gemm import (
     LAYOUTS,
@@ -138,7 +138,7 @@ def test_counter_uniform_matches_reference(n: int) -> None:
 def test_quantize_wrapper_dispatches_to_cuda() -> None:
     dispatch.reset()
     x = torch.randn(100, generator=_gen(3))
-    q, s = quantize_ops.quantize(x.to(DEV), 4, "stochastic", seed=2, offset=5)
+    q, s = quantize_op(x.to(DEV), 4, "stochastic", seed=2, offset=5)
     assert dispatch.snapshot()["quantize"] == {"ext-cuda": 1}
     rq, rs = quantize_symmetric(x, 4, "stochastic", 2, 5)
     _exact(q, rq)

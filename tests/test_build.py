@@ -1,0 +1,83 @@
+"""The build: sources that can compile side by side, and builds that survive a raised error."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from typer.testing import CliRunner
+
+from qtrain import backends
+from qtrain.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _setup_module() -> ModuleType:
+    """setup.py as a module: its source lists, without running setup()."""
+    spec = importlib.util.spec_from_file_location("qtrain_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_two_sources_compile_to_one_object_file() -> None:
+    setup = _setup_module()
+    cpu, cuda = setup.cpu_sources(), setup.cuda_sources()
+    assert "ext/module.cpp" in cpu and "ext/module_cuda.cpp" in cuda
+    assert any(s.endswith(".cu") for s in cuda) and not any(s.endswith(".cu") for s in cpu)
+    assert setup.object_clashes(cpu) == []
+    assert setup.object_clashes(cuda) == []
+
+
+def test_object_clashes_finds_what_ninja_refused() -> None:
+    """ext/compress_cuda.cpp and ext/compress_cuda.cu both became compress_cuda.o."""
+    setup = _setup_module()
+    sources = ["ext/compress_cuda.cpp", "ext/gemm_cuda.cu", "ext/compress_cuda.cu"]
+    assert setup.object_clashes(sources) == [("ext/compress_cuda.cpp", "ext/compress_cuda.cu")]
+    with pytest.raises(SystemExit, match=r"compress_cuda\.cpp and ext/compress_cuda\.cu"):
+        setup._check_objects("qtrain._ext_cuda", sources)
+
+
+def test_the_cpu_extension_raises_instead_of_crashing() -> None:
+    """A missing build fails here: CI must build qtrain._ext."""
+    assert backends.available("ext-cpu"), backends.error("ext-cpu")
+    assert backends.check_error_path("ext-cpu") is None
+
+
+@pytest.mark.parametrize(
+    ("probe", "expected"),
+    [
+        (
+            "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+            r"qtrain\._ext crashed \(SIGSEGV\) when an op raised .* built with .*, torch built "
+            r"with .*; rebuild it",
+        ),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGABRT)", r"crashed \(SIGABRT\)"),
+        ("x = 1", "did not .it returned without raising"),
+        ("raise TypeError('no')", r"did not \(TypeError: no\)"),
+    ],
+)
+def test_error_path_check_names_what_went_wrong(probe: str, expected: str) -> None:
+    found = backends.check_error_path("ext-cpu", probe)
+    assert found is not None
+    assert re.search(expected, found), found
+
+
+def test_doctor_fails_on_a_build_that_crashes_when_an_op_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reason = "qtrain._ext crashed (SIGSEGV) when an op raised an error"
+    monkeypatch.setattr(backends, "check_error_path", lambda name: reason)
+    runner = CliRunner()
+    result = runner.invoke(app, ["doctor", "--json"])
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert result.exit_code == 1 and report["healthy"] is False
+    assert report["extensions"]["ext-cpu"]["error_path"] == reason
+    table = runner.invoke(app, ["doctor"])
+    assert table.exit_code == 1 and "unsafe build" in table.stdout
