@@ -6,7 +6,7 @@ DEPS   := $(VENV)/.stamp-deps
 BUILT  := $(VENV)/.stamp-build
 EXT_SOURCES := $(wildcard ext/*.cpp ext/*.h ext/*.cu ext/*.cuh) setup.py pyproject.toml
 
-.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check cuda-build gpu-check clean
+.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check cuda-build torch-range gpu-check clean
 
 setup: $(BUILT)
 
@@ -38,8 +38,8 @@ test-fast: $(BUILT)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(DEPS)
-	$(BIN)/ruff check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py
-	$(BIN)/ruff format --check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py
+	$(BIN)/ruff check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py ext/torch_range.py
+	$(BIN)/ruff format --check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py ext/torch_range.py
 
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor
@@ -77,6 +77,12 @@ $(CUDA_VENV)/.stamp-cuda: $(CUDA_WHEELS)/.complete
 
 cuda-build: $(CUDA_VENV)/.stamp-cuda
 	$(CUDA_VENV)/bin/python ext/cuda_build.py
+
+# the supported torch range (ext/torch_range.py): torch 2.4 builds and passes the op
+# tests; the pinned and the newest torch on PyPI build and pass the fast suite. About
+# 10 GB of environments under ~/.cache/qtrain/torch-range, made once; not run by CI.
+torch-range:
+	$(PYTHON) ext/torch_range.py
 
 # on a GPU machine (python3 there has CUDA torch): a clean in-place build whose error path
 # is proven (with the system compiler if the default one gives a build that crashes on a

@@ -55,10 +55,10 @@ def log(message: str) -> None:
     print(f"cuda-build: {message}", flush=True)
 
 
-def copy_tree() -> Path:
-    """The working tree's files into COPY, which keeps only its own build/ folder."""
-    COPY.mkdir(parents=True, exist_ok=True)
-    for entry in COPY.iterdir():
+def copy_tree(dest: Path = COPY) -> Path:
+    """The working tree's files into ``dest``, which keeps only its own build/ folder."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in dest.iterdir():
         if entry.is_dir() and entry.name != "build":
             shutil.rmtree(entry)
         elif not entry.is_dir():
@@ -72,10 +72,10 @@ def copy_tree() -> Path:
     for name in filter(None, listed):
         source = ROOT / os.fsdecode(name)
         if source.is_file():  # a tracked file deleted in the working tree is not copied
-            target = COPY / os.fsdecode(name)
+            target = dest / os.fsdecode(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)  # keeps mtimes: ninja skips unchanged sources
-    return COPY
+    return dest
 
 
 def clean(tree: Path) -> None:
