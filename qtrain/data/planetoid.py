@@ -50,7 +50,6 @@ from qtrain.errors import DatasetError
 NAMES = ("cora", "citeseer", "pubmed")
 PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
 VAL_SIZE = 500
-_NUMPY_INTEGERS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ def _edges(graph: Any, n: int, path: Path) -> tuple[np.ndarray, np.ndarray, int]
             f"than the file's {limit} bytes can store (lists shared between nodes)"
         )
     entries = itertools.chain(graph.keys(), itertools.chain.from_iterable(graph.values()))
-    odd = {type(v) for v in entries} - {int, *_NUMPY_INTEGERS}
+    odd = {type(v) for v in entries if type(v) is not int and not isinstance(v, np.integer)}
     if odd:
         raise DatasetError(
             f"{path}: adjacency lists must map node ids to lists of node ids (integers), "
