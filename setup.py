@@ -1,12 +1,16 @@
-"""Build qtrain's compiled kernels against the torch found in the environment.
+"""Build qtrain's op library against the torch found in the environment.
 
-Metadata lives in pyproject.toml; this file only declares the extensions:
+Metadata lives in pyproject.toml; this file only declares the extension
+``qtrain._ext``: the torch custom ops ``torch.ops.qtrain.*`` (see ext/README.md).
 
-* ``qtrain._ext`` (always): ``ext/*.cpp`` except ``*_cuda.cpp``; OpenMP, -O3,
-  -ffp-contract=off (no FMA contraction, so results match the pure-PyTorch
-  reference bit for bit), ISA variants chosen at run time inside the code.
-* ``qtrain._ext_cuda`` (only when torch has CUDA, nvcc is found and ``ext/*.cu``
-  exist): ``ext/*.cu`` plus ``ext/*_cuda.cpp`` (host-side bindings).
+* Always: ``ext/module.cpp`` (pybind11: build facts, ISA choice), the op fronts
+  ``ext/ops/*.cpp`` (schemas and argument checks) and the CPU kernels
+  ``ext/cpu/*.cpp``; OpenMP, -O3, -ffp-contract=off (no FMA contraction, so
+  results match the pure-PyTorch reference bit for bit), ISA variants chosen at
+  run time inside the code.
+* With CUDA (torch has CUDA, nvcc is found): also the CUDA kernels
+  ``ext/cuda/*.cu`` and their host files ``ext/cuda/*.cpp``, in the same library,
+  so one import registers every kernel of every op.
 
 Build in place with ``pip install --no-build-isolation --no-deps -e .`` (what
 ``make build`` runs). Environment:
@@ -16,7 +20,8 @@ Build in place with ``pip install --no-build-isolation --no-deps -e .`` (what
 * ``TORCH_CUDA_ARCH_LIST``: GPU architectures (default ``8.0;9.0+PTX``).
 
 Without a GPU build of torch, ``make cuda-check`` (``ext/cuda_check.py``) still
-compiles every CUDA source, without linking.
+compiles every CUDA source, without linking; ``make cuda-build`` builds the whole
+library against PyPI's CUDA torch.
 """
 
 from __future__ import annotations
@@ -62,19 +67,18 @@ def _torch_lib_dir() -> str:
     return os.path.join(os.path.dirname(torch.__file__), "lib")
 
 
+def _glob(*patterns: str) -> list[str]:
+    return _rel([p for pattern in patterns for p in glob.glob(os.path.join(ROOT, EXT_DIR, pattern))])
+
+
 def cpu_sources() -> list[str]:
-    """qtrain._ext's sources: every ext/*.cpp except the CUDA host files."""
-    return _rel(
-        [p for p in glob.glob(os.path.join(ROOT, EXT_DIR, "*.cpp")) if not p.endswith("_cuda.cpp")]
-    )
+    """The sources of every build: the module, the op fronts and the CPU kernels."""
+    return _glob("module.cpp", "ops/*.cpp", "cpu/*.cpp")
 
 
 def cuda_sources() -> list[str]:
-    """qtrain._ext_cuda's sources: ext/*.cu and the host files ext/*_cuda.cpp."""
-    return _rel(
-        glob.glob(os.path.join(ROOT, EXT_DIR, "*.cu"))
-        + glob.glob(os.path.join(ROOT, EXT_DIR, "*_cuda.cpp"))
-    )
+    """What a CUDA build adds: the CUDA kernels and their host-side files."""
+    return _glob("cuda/*.cu", "cuda/*.cpp")
 
 
 def object_clashes(sources: list[str]) -> list[tuple[str, str]]:
@@ -105,27 +109,6 @@ def _check_objects(name: str, sources: list[str]) -> None:
         )
 
 
-def _cpu_extension() -> object:
-    sources = cpu_sources()
-    if not sources:
-        raise SystemExit(f"qtrain: no C++ sources in {EXT_DIR}/")
-    _check_objects("qtrain._ext", sources)
-    # -g0: no debug info (the .so drops from ~6 MB to well under 1 MB and builds faster)
-    cxx = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
-    link = ["-fopenmp"]
-    if sys.platform.startswith("linux"):
-        # Find libc10/libtorch (and torch's own libgomp, so one OpenMP runtime is
-        # loaded) even when qtrain._ext is imported before torch.
-        link.append("-Wl,-rpath," + _torch_lib_dir())
-    return cpp_extension.CppExtension(
-        name="qtrain._ext",
-        sources=sources,
-        include_dirs=[os.path.join(ROOT, EXT_DIR)],
-        extra_compile_args={"cxx": cxx},
-        extra_link_args=link,
-    )
-
-
 def _nvcc() -> str | None:
     """nvcc under torch's CUDA_HOME (torch finds it from CUDA_HOME / CUDA_PATH / PATH)."""
     home = cpp_extension.CUDA_HOME
@@ -138,58 +121,69 @@ def _nvcc() -> str | None:
     return None
 
 
-def _cuda_extension() -> object | None:
-    """The CUDA extension, or None with the reason logged (or raised with QTRAIN_BUILD_CUDA=1)."""
-    mode = os.environ.get("QTRAIN_BUILD_CUDA", "auto").strip().lower()
+def _cuda_reason(mode: str) -> str | None:
+    """Why this build has no CUDA kernels (None: it has them); raises with QTRAIN_BUILD_CUDA=1."""
     if mode in ("0", "no", "off", "false"):
-        _log("qtrain._ext_cuda skipped: QTRAIN_BUILD_CUDA=0")
-        return None
-    cu = glob.glob(os.path.join(ROOT, EXT_DIR, "*.cu"))
+        return "QTRAIN_BUILD_CUDA=0"
     reason = None
     if not torch.version.cuda:
         reason = f"torch {torch.__version__} has no CUDA"
     elif _nvcc() is None:
         reason = "nvcc not found (torch found no CUDA_HOME; set CUDA_HOME or put nvcc on PATH)"
-    elif not cu:
-        reason = f"no CUDA sources ({EXT_DIR}/*.cu)"
+    elif not cuda_sources():
+        reason = f"no CUDA sources ({EXT_DIR}/cuda/)"
+    if reason is not None and mode in ("1", "yes", "on", "true"):
+        raise SystemExit(f"qtrain: QTRAIN_BUILD_CUDA=1 but cannot build the CUDA kernels: {reason}")
+    return reason
+
+
+def _extension() -> object:
+    """qtrain._ext: CPU kernels always, CUDA kernels too when this torch and nvcc allow."""
+    mode = os.environ.get("QTRAIN_BUILD_CUDA", "auto").strip().lower()
+    sources = cpu_sources()
+    if not sources:
+        raise SystemExit(f"qtrain: no C++ sources in {EXT_DIR}/")
+    # -g0: no debug info (the .so drops from ~6 MB to well under 1 MB and builds faster)
+    cxx = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
+    link = ["-fopenmp"]
+    if sys.platform.startswith("linux"):
+        # Find libc10/libtorch (and torch's own libgomp, so one OpenMP runtime is
+        # loaded) even when qtrain._ext is imported before torch.
+        link.append("-Wl,-rpath," + _torch_lib_dir())
+    include = [os.path.join(ROOT, EXT_DIR)]
+    reason = _cuda_reason(mode)
     if reason is not None:
-        if mode in ("1", "yes", "on", "true"):
-            raise SystemExit(
-                f"qtrain: QTRAIN_BUILD_CUDA=1 but cannot build qtrain._ext_cuda: {reason}"
-            )
-        _log(f"qtrain._ext_cuda skipped: {reason}")
-        return None
-    sources = cuda_sources()
-    _check_objects("qtrain._ext_cuda", sources)
+        _log(f"CPU kernels only: {reason}")
+        _check_objects("qtrain._ext", sources)
+        return cpp_extension.CppExtension(
+            name="qtrain._ext",
+            sources=sources,
+            include_dirs=include,
+            extra_compile_args={"cxx": cxx},
+            extra_link_args=link,
+        )
+    sources = sources + cuda_sources()
+    _check_objects("qtrain._ext", sources)
     # sm_80 (A100) and sm_90 (H100 / H200) native, PTX for newer GPUs; a user's own list wins
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", CUDA_ARCHS)
-    _log(f"qtrain._ext_cuda for TORCH_CUDA_ARCH_LIST={archs}")
+    _log(f"CPU and CUDA kernels, TORCH_CUDA_ARCH_LIST={archs}")
     return cpp_extension.CUDAExtension(
-        name="qtrain._ext_cuda",
+        name="qtrain._ext",
         sources=sources,
-        include_dirs=[os.path.join(ROOT, EXT_DIR)],
+        include_dirs=include,
+        define_macros=[("QTRAIN_WITH_CUDA", "1")],
         extra_compile_args={
-            "cxx": ["-O3", "-ffp-contract=off", f'-DQTRAIN_CUDA_ARCHS="{archs}"'],
+            "cxx": [*cxx, f'-DQTRAIN_CUDA_ARCHS="{archs}"'],
             # no FMA contraction on device either, so CUDA results match the reference
             "nvcc": ["-O3", "--fmad=false", "-lineinfo"],
         },
-        extra_link_args=["-Wl,-rpath," + _torch_lib_dir()]
-        if sys.platform.startswith("linux")
-        else [],
+        extra_link_args=link,
     )
 
 
-def _extensions() -> list[object]:
-    _jobs()
-    exts = [_cpu_extension()]
-    cuda = _cuda_extension()
-    if cuda is not None:
-        exts.append(cuda)
-    return exts
-
-
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
+    _jobs()
     setup(
-        ext_modules=_extensions(),
+        ext_modules=[_extension()],
         cmdclass={"build_ext": cpp_extension.BuildExtension},
     )

@@ -1,11 +1,11 @@
-"""Compile every CUDA source of qtrain._ext_cuda without linking (``make cuda-check``).
+"""Compile every CUDA source of qtrain._ext without linking (``make cuda-check``).
 
-Machines without a GPU (CI, the CPU development machines) have nvcc but a CPU
-build of torch, so ``setup.py`` cannot build the CUDA extension there. This
-script still compiles each ``ext/*.cu`` with nvcc for every architecture the
-extension ships (sm_80, sm_90) and each host-side ``ext/*_cuda.cpp`` with the
-host compiler, against the torch headers (the CPU wheel ships ATen/cuda and
-c10/cuda), so a build break is caught before it reaches a GPU machine.
+Quick feedback while writing a kernel: each ``ext/cuda/*.cu`` is compiled with
+nvcc for every architecture the library ships (sm_80, sm_90) and each host-side
+``ext/cuda/*.cpp`` with the host compiler, against the torch headers of the
+Python running it (the CPU wheel ships ATen/cuda and c10/cuda). It cannot see
+what only a whole build sees (two sources compiling to one object file, link
+errors): ``make cuda-build`` builds the whole library, and CI runs that.
 
 Exit status 0 when everything compiles, 1 with nvcc's messages otherwise, 2 when
 nvcc is missing (set ``QTRAIN_CUDA_CHECK=skip-missing-nvcc`` to make that 0).
@@ -39,7 +39,7 @@ NVCC_FLAGS = (
     "-Xcompiler=-fPIC",
     "-Werror=all-warnings",
 )
-DEFINES = ("-DTORCH_EXTENSION_NAME=_ext_cuda", "-DTORCH_API_INCLUDE_EXTENSION_H")
+DEFINES = ("-DTORCH_EXTENSION_NAME=_ext", "-DTORCH_API_INCLUDE_EXTENSION_H", "-DQTRAIN_WITH_CUDA=1")
 
 
 def find_nvcc() -> str | None:
@@ -74,18 +74,18 @@ def toolkit_includes(nvcc: str) -> list[str]:
     return flags
 
 
-def commands(nvcc: str, out: Path) -> list[tuple[str, list[str]]]:
-    """(source, command) for every CUDA source and host-side binding file."""
+def commands(nvcc: str, out: Path, only: str = "") -> list[tuple[str, list[str]]]:
+    """(source, command) for every CUDA source and host-side file whose name contains ``only``."""
     inc = includes(nvcc)
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in ARCHS]
     jobs = []
-    for cu in sorted(EXT.glob("*.cu")):
+    for cu in sorted(p for p in EXT.glob("cuda/*.cu") if only in p.name):
         obj = out / (cu.stem + ".cu.o")
         jobs.append(
             (cu.name, [nvcc, *NVCC_FLAGS, *gencode, *DEFINES, *inc, "-c", str(cu), "-o", str(obj)])
         )
     cxx = os.environ.get("CXX", "c++")
-    for cpp in sorted(EXT.glob("*_cuda.cpp")):
+    for cpp in sorted(p for p in EXT.glob("cuda/*.cpp") if only in p.name):
         obj = out / (cpp.stem + ".o")
         flags = ["-std=c++20", "-O1", "-fPIC", "-Wall", "-Werror", "-Wno-unused-function"]
         jobs.append((cpp.name, [cxx, *flags, *DEFINES, *inc, "-c", str(cpp), "-o", str(obj)]))
@@ -99,7 +99,8 @@ def main() -> int:
         print(msg, file=sys.stderr)
         return 0 if os.environ.get("QTRAIN_CUDA_CHECK") == "skip-missing-nvcc" else 2
     with tempfile.TemporaryDirectory(prefix="qtrain-cuda-check-") as tmp:
-        jobs = commands(nvcc, Path(tmp))
+        # `python ext/cuda_check.py qspmm`: only the sources whose name contains "qspmm"
+        jobs = commands(nvcc, Path(tmp), sys.argv[1] if len(sys.argv) > 1 else "")
         if not jobs:
             print("cuda-check: no CUDA sources in ext/", file=sys.stderr)
             return 1

@@ -1,8 +1,12 @@
 """Which compiled backends this process can use, and why not when it cannot.
 
-The extensions are imported lazily (importing qtrain must work without a
-build) and never raise from here: :func:`status` reports each backend with the
-real import error, for ``qtrain doctor`` and the run log; :func:`ext_cpu` /
+The compiled backends are the kernels of one op library, ``qtrain._ext``:
+importing it registers the torch custom ops ``torch.ops.qtrain.*`` with their
+CPU kernels ("ext-cpu") and, in a CUDA build, their CUDA kernels ("ext-cuda");
+the dispatcher then routes each call by its tensors' device. The library is
+imported lazily (importing qtrain must work without a build) and never raises
+from here: :func:`status` reports each backend with the real reason it is
+missing, for ``qtrain doctor`` and the run log; :func:`ext_cpu` /
 :func:`ext_cuda` return the module or raise a :class:`QtrainError` that says
 how to build it. Nothing falls back silently: ``qtrain.ops.dispatch`` records
 every time "auto" had to use the reference instead.
@@ -23,45 +27,60 @@ from qtrain.errors import QtrainError
 
 BUILD_HINT = "build it with `make build` (runs `pip install --no-build-isolation --no-deps -e .`)"
 
-# backend name -> module name
-MODULES: dict[str, str] = {"ext-cpu": "qtrain._ext", "ext-cuda": "qtrain._ext_cuda"}
+BACKENDS = ("ext-cpu", "ext-cuda")
+# the op library; tests point it at a missing or broken module
+MODULE = "qtrain._ext"
 
 _lock = threading.Lock()
 _cache: dict[str, tuple[ModuleType | None, str | None]] = {}
 
 
-def _torch_cuda_reason() -> str | None:
-    """Why the CUDA extension cannot exist for this torch, or None if it can."""
+def _import_library() -> tuple[ModuleType | None, str | None]:
+    """(the library, None) or (None, why not); its ops' fake kernels registered once."""
+    try:
+        import torch  # noqa: F401  (the library links against libtorch)
+
+        if importlib.util.find_spec(MODULE) is None:
+            return None, f"not built: no module {MODULE}; {BUILD_HINT}"
+        module = importlib.import_module(MODULE)
+        from qtrain.ops import fakes
+
+        fakes.register()
+    except Exception as exc:  # a broken build (ABI, undefined symbol) must not crash qtrain
+        return None, f"import of {MODULE} failed: {type(exc).__name__}: {exc}"
+    return module, None
+
+
+def _cuda_reason(module: ModuleType) -> str | None:
+    """Why the library has no CUDA kernels, or None when it has them."""
     import torch
 
     if not torch.version.cuda:
         return f"not built: torch {torch.__version__} has no CUDA"
+    if not _info(module).get("cuda_kernels"):
+        return f"not built: {MODULE} was built without CUDA kernels (nvcc missing at build time?)"
     return None
 
 
-def _load(backend: str) -> tuple[ModuleType | None, str | None]:
-    """(module, None) or (None, reason); cached per process."""
-    with _lock:
-        if backend in _cache:
-            return _cache[backend]
-        name = MODULES[backend]
-        module: ModuleType | None = None
-        error: str | None = None
-        reason = _torch_cuda_reason() if backend == "ext-cuda" else None
-        if reason is not None:
-            error = reason
-        else:
-            try:
-                import torch  # noqa: F401  (the extension links against libtorch)
+def _info(module: ModuleType) -> dict[str, Any]:
+    try:
+        return dict(module.info())
+    except Exception:  # reported by status(); here it only means "no CUDA kernels known"
+        return {}
 
-                if importlib.util.find_spec(name) is None:
-                    error = f"not built: no module {name}; {BUILD_HINT}"
-                else:
-                    module = importlib.import_module(name)
-            except Exception as exc:  # a broken build (ABI, undefined symbol) must not crash qtrain
-                error = f"import of {name} failed: {type(exc).__name__}: {exc}"
-        _cache[backend] = (module, error)
-        return module, error
+
+def _load(backend: str) -> tuple[ModuleType | None, str | None]:
+    """(the library, None) if ``backend``'s kernels are there, else (None, reason); cached."""
+    with _lock:
+        if backend not in _cache:
+            if MODULE not in _cache:
+                _cache[MODULE] = _import_library()
+            module, error = _cache[MODULE]
+            if module is not None and backend == "ext-cuda":
+                error = _cuda_reason(module)
+                module = module if error is None else None
+            _cache[backend] = (module, error)
+        return _cache[backend]
 
 
 def refresh() -> None:
@@ -71,40 +90,41 @@ def refresh() -> None:
 
 
 def available(backend: str) -> bool:
-    """True if the backend's extension imports."""
-    if backend not in MODULES:
+    """True if the library imports with ``backend``'s kernels."""
+    if backend not in BACKENDS:
         return False
     return _load(backend)[0] is not None
 
 
 def error(backend: str) -> str | None:
-    """Why the backend's extension does not import (None when it does)."""
-    if backend not in MODULES:
+    """Why ``backend``'s kernels are not there (None when they are)."""
+    if backend not in BACKENDS:
         return f"unknown backend {backend!r}"
     return _load(backend)[1]
 
 
 def status() -> dict[str, dict[str, Any]]:
-    """Every compiled backend: built or not, where, ISA / threads, and the error text.
+    """Every compiled backend: built or not, where, ISA / threads or CUDA devices, the error.
 
     Example: ``{"ext-cpu": {"built": True, "path": ".../_ext...so", "isa": "avx512f",
     "threads": 2, "error": None, ...}, "ext-cuda": {"built": False, "error": "not built:
     torch 2.13.0+cpu has no CUDA", ...}}``.
     """
     out: dict[str, dict[str, Any]] = {}
-    for backend, name in MODULES.items():
+    for backend in BACKENDS:
         module, error = _load(backend)
         entry: dict[str, Any] = {
             "built": module is not None,
-            "module": name,
+            "module": MODULE,
             "path": getattr(module, "__file__", None) if module is not None else None,
             "error": error,
         }
-        if module is not None and hasattr(module, "info"):
+        if module is not None:
+            describe = module.info if backend == "ext-cpu" else module.cuda_info
             try:
-                info = dict(module.info())
+                info = dict(describe())
             except Exception as exc:
-                entry["error"] = f"{name}.info() failed: {type(exc).__name__}: {exc}"
+                entry["error"] = f"{MODULE} {describe.__name__}() failed: {type(exc).__name__}: {exc}"
             else:
                 entry.update({k: v for k, v in info.items() if k not in entry})
                 entry["note"] = _version_note(info.get("torch_built_against"))
@@ -113,7 +133,7 @@ def status() -> dict[str, dict[str, Any]]:
 
 
 def _version_note(built_against: object) -> str | None:
-    """Say so when the extension was compiled against another torch than the one running."""
+    """Say so when the library was compiled against another torch than the one running."""
     import torch
 
     running = torch.__version__.split("+")[0]
@@ -133,22 +153,24 @@ def _require(backend: str) -> ModuleType:
 
 
 def ext_cpu() -> ModuleType:
-    """The CPU extension module, or QtrainError saying it is not built and how to build it."""
+    """The op library (its CPU kernels are there), or QtrainError saying how to build it."""
     return _require("ext-cpu")
 
 
 def ext_cuda() -> ModuleType:
-    """The CUDA extension module, or QtrainError saying why it is not there."""
+    """The op library with its CUDA kernels, or QtrainError saying why they are not there."""
     return _require("ext-cuda")
 
 
 # One call per backend that must raise ValueError, made before any device is touched, so
 # it runs on machines without a GPU too. On an H100 machine an extension built with a
 # compiler other than torch's died with SIGSEGV on every C++ exception; an import check
-# cannot see that, only a raise can.
+# cannot see that, only a raise can. The CPU probe is an op whose front refuses its
+# argument (through the dispatcher, as every user call goes); the CUDA probe raises from
+# code nvcc compiled, whose host compiler may be another one.
 ERROR_PROBES: dict[str, str] = {
-    "ext-cpu": "import torch, qtrain._ext as m; m.quantize_symmetric(torch.ones(3), 9)",
-    "ext-cuda": "import torch, qtrain._ext_cuda as m; m.counter_uniform(-1)",
+    "ext-cpu": "import torch, qtrain._ext; torch.ops.qtrain.quantize_symmetric(torch.ones(3), 9)",
+    "ext-cuda": "import qtrain._ext as m; m.cuda_raise_value_error()",
 }
 _PROBE = """
 import sys
@@ -181,18 +203,18 @@ def check_error_path(backend: str, probe: str | None = None, timeout: float = 12
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return f"{MODULES[backend]}: an op that must raise did not return within {timeout:.0f} s"
+        return f"{MODULE}: an op that must raise did not return within {timeout:.0f} s"
     if done.returncode == 0:
         return None
     if done.returncode < 0:
         name = signal.Signals(-done.returncode).name
         return (
-            f"{MODULES[backend]} crashed ({name}) when an op raised an error, so any bad argument "
+            f"{MODULE} ({backend}) crashed ({name}) when an op raised an error, so any bad argument "
             f"would kill the process; {_compilers(backend)}; rebuild it with the compiler torch "
             "was built with or the system's (e.g. CXX=/usr/bin/g++ make build)"
         )
     detail = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()[-1]
-    return f"{MODULES[backend]}: an op that must raise ValueError did not ({detail})"
+    return f"{MODULE} ({backend}): an op that must raise ValueError did not ({detail})"
 
 
 def _compilers(backend: str) -> str:
@@ -200,12 +222,7 @@ def _compilers(backend: str) -> str:
     import torch
 
     module, _ = _load(backend)
-    built = None
-    if module is not None and hasattr(module, "info"):
-        try:
-            built = dict(module.info()).get("compiler")
-        except Exception:  # the info call itself may be what crashes
-            built = None
+    built = _info(module).get("compiler") if module is not None else None
     torch_line = next(
         (
             line.strip(" -")
@@ -221,12 +238,12 @@ def main() -> int:
     """``python -m qtrain.backends`` (run by ``make build``): every built backend raises
     properly when an op is given a bad argument; status 1 naming the cause otherwise."""
     failed = False
-    for backend in MODULES:
+    for backend in BACKENDS:
         if not available(backend):
             continue
         problem = check_error_path(backend)
         failed |= problem is not None
-        print(f"{MODULES[backend]}: {problem or 'built, and an op that must raise does raise'}")
+        print(f"{MODULE} ({backend}): {problem or 'built, and an op that must raise does raise'}")
     return 1 if failed else 0
 
 

@@ -1,17 +1,17 @@
 """Quantize / dequantize with backend dispatch (see ``qtrain.ops.dispatch``).
 
-Arguments are validated here, once, so every backend refuses the same inputs
-with the same Python exception; the backends then agree bit for bit.
+The compiled backends are the op ``torch.ops.qtrain.quantize_symmetric``, whose
+C++ front checks its arguments for every device; the reference checks its own.
+Both refuse the same inputs with the same Python exception and agree bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
-from qtrain import backends
 from qtrain.ops import dispatch
 from qtrain.quant import quantize as ref
-from qtrain.quant.rng import check_counter_range, normalize_seed
+from qtrain.quant.rng import op_seed
 
 QUANTIZE_KERNELS = ("ext-cpu", "ext-cuda")
 
@@ -30,24 +30,15 @@ def quantize(
     (the compiled kernel for x's device when built, else the reference with
     the fallback recorded), "reference", "ext-cpu" or "ext-cuda".
     """
-    bits = ref.check_bits(bits)
     rounding = ref.check_rounding(rounding)
     xf = ref.as_float32(x)
-    seed = normalize_seed(seed)
-    check_counter_range(xf.numel(), offset)
     chosen = dispatch.resolve("quantize", xf, backend, kernels=QUANTIZE_KERNELS)
     with dispatch.call("quantize", chosen):
-        if chosen == "ext-cpu":
-            q, scale = backends.ext_cpu().quantize_symmetric(
-                xf, bits, rounding == "stochastic", seed, int(offset)
-            )
-        elif chosen == "ext-cuda":
-            q, scale = backends.ext_cuda().quantize_symmetric(
-                xf, bits, rounding == "stochastic", seed, int(offset)
-            )
-        else:
-            q, scale = ref.quantize_symmetric(xf, bits, rounding, seed, offset)
-    return q, scale
+        if chosen == "reference":
+            return ref.quantize_symmetric(xf, bits, rounding, seed, offset)
+        return torch.ops.qtrain.quantize_symmetric(
+            xf, bits, rounding == "stochastic", op_seed(seed), offset
+        )
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float, backend: str = "auto") -> torch.Tensor:

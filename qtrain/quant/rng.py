@@ -65,6 +65,13 @@ def normalize_seed(seed: object) -> int:
     return int(seed) % 2**64
 
 
+def op_seed(seed: object) -> int:
+    """A seed's 64 bits as the signed int64 a torch op schema carries (the kernels read
+    them back as unsigned): what the ops of ``torch.ops.qtrain`` take."""
+    seed = normalize_seed(seed)
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
 def seed_keys(seed: int) -> tuple[int, int]:
     """The two 32-bit round keys of a seed (any Python int, taken mod 2^64)."""
     seed = normalize_seed(seed)

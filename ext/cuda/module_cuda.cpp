@@ -1,4 +1,4 @@
-// The qtrain._ext_cuda module: CUDA kernels plus a description of the build and device.
+// The CUDA part of the qtrain._ext module: cuda_info() and the CUDA error-path probe.
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -7,7 +7,8 @@
 #include <torch/headeronly/version.h>
 #endif
 
-#include "cuda_module.h"
+#include "cuda/error_probe.h"
+#include "cuda/module_cuda.h"
 
 namespace {
 
@@ -48,11 +49,14 @@ pybind11::dict info() {
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  namespace py = pybind11;
-  py::module_::import("torch");
-  m.doc() = "qtrain CUDA kernels: the ops of qtrain._ext on CUDA tensors. See qtrain.backends.status().";
-  qtrain::cuda::register_tango(m);
-  qtrain::cuda::register_compress(m);
-  m.def("info", &info, "Build and device description: CUDA runtime, devices, archs, torch.");
+namespace qtrain {
+namespace cuda {
+
+void bind_module(pybind11::module_& m) {
+  m.def("cuda_info", &info, "The CUDA build and devices: CUDA runtime, devices, archs, torch.");
+  m.def("cuda_raise_value_error", &raise_value_error,
+        "Raises ValueError from code nvcc compiled: the CUDA half of the error-path probe.");
 }
+
+}  // namespace cuda
+}  // namespace qtrain

@@ -1,6 +1,7 @@
-// What the tango CUDA kernels share (quantize_cuda.cu, gemm_cuda.cu, spmm_cuda.cu,
-// sddmm_cuda.cu): argument checks, launch sizing, and the device-side
-// quantization rule of qtrain/quant/quantize.py (the reference).
+// What the CUDA kernels share: launch sizing, the current stream, reading back a
+// device flag, and the device-side quantization rule of qtrain/quant/quantize.py
+// (the reference). Argument checks are not here: each op's front (ext/ops/) makes
+// them once for every device.
 //
 // Bit-exactness: every float operation that must match the reference is written
 // as an explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn,
@@ -23,53 +24,14 @@
 #include <cstdint>
 #include <limits>
 
-#include "qtrain_rng.h"
-#include "tango_cuda.h"
+#include <ATen/core/Tensor.h>
+
+#include "common/rng.h"
 
 namespace qtrain {
 namespace cuda {
 
 // ---------------------------------------------------------------- host helpers
-
-inline void check_cuda_dense(const char* fn, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.defined(), fn, ": ", name, " must be a tensor");
-  TORCH_CHECK_VALUE(t.is_cuda(), fn, ": ", name, " must be a CUDA tensor, got device ",
-                    t.device());
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, fn, ": ", name,
-                    " must be a dense (strided) tensor");
-}
-
-inline void check_same_device(const char* fn, const char* name, const at::Tensor& t,
-                              const at::Device& dev) {
-  TORCH_CHECK_VALUE(t.device() == dev, fn, ": ", name, " is on ", t.device(),
-                    " but the other operands are on ", dev);
-}
-
-// A 1-d int32/int64 CUDA index tensor, made contiguous.
-inline at::Tensor index_arg(const char* fn, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, fn, ": ", name,
-                   " must be int32 or int64, got ", t.scalar_type());
-  check_cuda_dense(fn, name, t);
-  TORCH_CHECK_VALUE(t.dim() == 1, fn, ": ", name, " must be 1-d, got shape ", t.sizes());
-  return t.contiguous();
-}
-
-// An int8 [N, D] or [N, H, D] CUDA tensor, made contiguous.
-inline at::Tensor q_arg(const char* fn, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kChar, fn, ": ", name, " must be int8, got ",
-                   t.scalar_type());
-  check_cuda_dense(fn, name, t);
-  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, fn, ": ", name,
-                    " must have shape [N, D] or [N, H, D], got ", t.sizes());
-  return t.contiguous();
-}
-
-inline void check_counter_range(const char* fn, int64_t n, int64_t offset) {
-  TORCH_CHECK_VALUE(offset >= 0, fn, ": offset must be >= 0, got ", offset);
-  TORCH_CHECK_VALUE(n <= std::numeric_limits<int64_t>::max() - offset, fn,
-                    ": offset + numel must stay below 2^63, got offset ", offset, " and numel ",
-                    n);
-}
 
 // (ATen/cuda/CUDAContext.h would pull in cuSPARSE / cuBLAS headers the build does not need.)
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
@@ -94,7 +56,8 @@ inline bool is_aligned(const void* p, size_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
-// Copy a small device buffer to the host and wait (argument errors found by a kernel).
+// Copy a small device buffer to the host and wait (errors only the data shows, found by a
+// kernel: an index out of range, a NaN).
 template <typename T>
 T read_back(const T* dev, cudaStream_t stream) {
   T host{};
@@ -103,7 +66,7 @@ T read_back(const T* dev, cudaStream_t stream) {
   return host;
 }
 
-// quantize_cuda.cu: q[i] = quantize_one(x[i]) with pre / inv from *absmax (device
+// quantize_symmetric_kernel.cu: q[i] = quantize_one(x[i]) with pre / inv from *absmax (device
 // memory, so the scale never visits the host); counters offset + i; *scale_out (if
 // not null) = fl32(absmax / qmax). Used by quantize_symmetric and quantized_gemm.
 void launch_quantize_given(const float* x, int8_t* q, int64_t n, const float* absmax, int qmax,

@@ -1,18 +1,19 @@
-// Symmetric per-tensor quantization on CUDA (tango-sc23 eq. 1-3); the reference is
-// qtrain/quant/quantize.py, the CPU twin quantize_cpu.cpp.
+// quantize_symmetric on CUDA (front: ops/quantize_symmetric.cpp; reference
+// qtrain/quant/quantize.py, CPU twin cpu/quantize_symmetric_kernel.cpp).
 //
 // Two kernels on one stream, no host round trip between them: absmax (a bit-pattern
 // max, float4 loads, one atomicMax per block) into a device word, then quantization,
 // which derives pre / inv / scale from that word itself. Stochastic rounding draws
-// u_i from the counter-based generator (qtrain_rng.h) at counter offset + i: the keys
+// u_i from the counter-based generator (common/rng.h) at counter offset + i: the keys
 // and the block key of the counter's high word stay in registers, so a draw is two
 // 32-bit hashes. Each element is a pure function of (x_i, absmax, i), so the result
 // is bit-identical to the reference for any launch shape. The host waits once, after
 // both launches, to refuse NaN / Inf (ValueError) as the CPU op does.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <torch/library.h>
 
-#include "tango_cuda.cuh"
+#include "cuda/common.cuh"
 
 namespace qtrain {
 namespace cuda {
@@ -75,27 +76,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <bool VEC>
-__global__ void __launch_bounds__(kThreads)
-    uniform_kernel(float* __restrict__ out, int64_t n, rng::Keys keys, uint64_t offset) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t done = 0;
-  if constexpr (VEC) {
-    const int64_t n4 = n / 4;
-    float4* o4 = reinterpret_cast<float4*>(out);
-    for (int64_t i = tid; i < n4; i += stride) {
-      float u[4];
-      uniform4(keys, offset + static_cast<uint64_t>(4 * i), u);
-      o4[i] = make_float4(u[0], u[1], u[2], u[3]);
-    }
-    done = n4 * 4;
-  }
-  for (int64_t i = done + tid; i < n; i += stride) {
-    out[i] = rng::uniform(keys, offset + static_cast<uint64_t>(i));
-  }
-}
-
 }  // namespace
 
 void launch_quantize_given(const float* x, int8_t* q, int64_t n, const float* absmax, int qmax,
@@ -121,16 +101,12 @@ void launch_quantize_given(const float* x, int8_t* q, int64_t n, const float* ab
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+namespace {
+
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, int64_t bits,
-                                                      bool stochastic, uint64_t seed,
+                                                      bool stochastic, int64_t seed,
                                                       int64_t offset) {
-  constexpr const char* fn = "qtrain._ext_cuda.quantize_symmetric";
-  TORCH_CHECK_VALUE(bits >= 2 && bits <= 8, fn, ": bits must be an integer in 2..8, got ", bits);
-  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat, fn, ": x must be float32, got ",
-                   x_in.scalar_type());
-  check_cuda_dense(fn, "x", x_in);
   const int64_t n = x_in.numel();
-  check_counter_range(fn, n, offset);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
@@ -152,33 +128,19 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, in
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // the bits of a non-negative float are that float: the quantize kernel reads them as one
   launch_quantize_given(xp, q.mutable_data_ptr<int8_t>(), n, reinterpret_cast<const float*>(mb),
-                        qmax, stochastic, seed, static_cast<uint64_t>(offset),
-                        scale.mutable_data_ptr<float>(), stream);
+                        qmax, stochastic, static_cast<uint64_t>(seed),
+                        static_cast<uint64_t>(offset), scale.mutable_data_ptr<float>(), stream);
   const uint32_t m = read_back(mb, stream);
-  TORCH_CHECK_VALUE(m < 0x7f800000u, fn,
-                    ": x contains NaN or Inf; quantization needs finite values");
+  TORCH_CHECK_VALUE(m < 0x7f800000u,
+                    "qtrain::quantize_symmetric: x contains NaN or Inf; quantization needs "
+                    "finite values");
   return {q, scale};
 }
 
-at::Tensor counter_uniform(int64_t n, uint64_t seed, int64_t offset) {
-  constexpr const char* fn = "qtrain._ext_cuda.counter_uniform";
-  TORCH_CHECK_VALUE(n >= 0, fn, ": n must be >= 0, got ", n);
-  check_counter_range(fn, n, offset);
-  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kFloat).device(
-                                      at::kCUDA, c10::cuda::current_device()));
-  if (n == 0) return out;
-  const rng::Keys keys = rng::keys_from_seed(seed);
-  cudaStream_t stream = current_stream();
-  float* op = out.mutable_data_ptr<float>();
-  const unsigned grid = grid_for((n + 3) / 4, kThreads);
-  if (is_aligned(op, 16)) {
-    uniform_kernel<true><<<grid, kThreads, 0, stream>>>(op, n, keys, static_cast<uint64_t>(offset));
-  } else {
-    uniform_kernel<false><<<grid, kThreads, 0, stream>>>(op, n, keys, static_cast<uint64_t>(offset));
-  }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
+}  // namespace
 }  // namespace cuda
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CUDA, m) {
+  m.impl("quantize_symmetric", &qtrain::cuda::quantize_symmetric);
+}

@@ -1,5 +1,5 @@
-// Runtime ISA selection (see cpu_isa.h).
-#include "cpu_isa.h"
+// Runtime ISA selection (see isa.h).
+#include "cpu/isa.h"
 
 #include <c10/util/Exception.h>
 

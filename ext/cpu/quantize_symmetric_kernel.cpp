@@ -1,4 +1,4 @@
-// Symmetric per-tensor quantization (tango-sc23 eq. 1-3) on the CPU.
+// quantize_symmetric on the CPU (front: ops/quantize_symmetric.cpp).
 //
 // Two passes over x: the absolute maximum (an integer max over the float bit
 // patterns with the sign cleared, exact, order-free, and it flags NaN/Inf for
@@ -14,29 +14,24 @@
 //
 // If fl32(qmax / absmax) overflows (absmax below ~1e-37), x and absmax are
 // first multiplied by 2^64 (exact), as the reference does.
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
+#include <tuple>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-#include "cpu_isa.h"
-#include "cpu_mem.h"
-#include "cpu_threads.h"
-#include "qtrain_ops.h"
-#include "qtrain_rng.h"
+#include "common/rng.h"
+#include "cpu/isa.h"
+#include "cpu/mem.h"
+#include "cpu/ranges.h"
 
 namespace qtrain {
 namespace {
@@ -89,13 +84,6 @@ QT_ALWAYS_INLINE void stochastic_body(const float* __restrict x, int8_t* __restr
   }
 }
 
-QT_ALWAYS_INLINE void uniform_body(float* __restrict out, int64_t n, uint32_t lo0, uint32_t k1,
-                                   uint32_t kh) {
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = rng::to_unit(rng::bits_lo(k1, kh, lo0 + static_cast<uint32_t>(i)));
-  }
-}
-
 // ---------------------------------------------------------------- ISA variants
 
 struct Kernels {
@@ -103,7 +91,6 @@ struct Kernels {
   void (*nearest)(const float*, int8_t*, int64_t, float, float, int32_t);
   void (*stochastic)(const float*, int8_t*, int64_t, float, float, int32_t, uint32_t, uint32_t,
                      uint32_t);
-  void (*uniform)(float*, int64_t, uint32_t, uint32_t, uint32_t);
 };
 
 #define QT_DEFINE_VARIANT(NAME, ATTR)                                                          \
@@ -118,11 +105,7 @@ struct Kernels {
                               int32_t qmax, uint32_t lo0, uint32_t k1, uint32_t kh) {          \
     stochastic_body(x, q, n, pre, inv, qmax, lo0, k1, kh);                                     \
   }                                                                                            \
-  ATTR void uniform_##NAME(float* out, int64_t n, uint32_t lo0, uint32_t k1, uint32_t kh) {    \
-    uniform_body(out, n, lo0, k1, kh);                                                         \
-  }                                                                                            \
-  const Kernels kernels_##NAME = {absmax_bits_##NAME, nearest_##NAME, stochastic_##NAME,       \
-                                  uniform_##NAME};
+  const Kernels kernels_##NAME = {absmax_bits_##NAME, nearest_##NAME, stochastic_##NAME};
 
 #define QT_NO_ATTR
 QT_DEFINE_VARIANT(default, QT_NO_ATTR)
@@ -133,81 +116,12 @@ QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
-// ---------------------------------------------------------------- threading
-
-// Elements per thread at least. One thread quantizes 1M floats in about half a
-// millisecond, so smaller tensors (GAT's [N, heads, 1] attention terms) are not
-// worth a parallel region that a busy second core can stall.
-constexpr int64_t kGrain = int64_t{1} << 20;
-
-// Contiguous range of thread t of T, boundaries on 64-element multiples.
-std::pair<int64_t, int64_t> split(int64_t n, int t, int T) {
-  int64_t chunk = (n + T - 1) / T;
-  chunk = (chunk + 63) & ~int64_t{63};
-  const int64_t b = std::min(n, chunk * t);
-  return {b, std::min(n, b + chunk)};
-}
-
-// Run body(thread, begin, end) over [0, n) on up to plan_threads(n, kGrain) OpenMP threads.
-template <typename F>
-void parallel_ranges(int64_t n, const F& body) {
-  const int nt = plan_threads(n, kGrain);
-#ifdef _OPENMP
-  if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num();
-      const auto r = split(n, t, omp_get_num_threads());
-      if (r.first < r.second) body(t, r.first, r.second);
-    }
-    return;
-  }
-#endif
-  (void)nt;
-  body(0, int64_t{0}, n);
-}
-
-// Split [begin, end) of a counter stream at 2^32 boundaries of the counter,
-// so the high word (and its block key) is constant inside each call.
-template <typename F>
-void for_counter_segments(uint64_t offset, int64_t begin, int64_t end, const F& seg) {
-  uint64_t c = offset + static_cast<uint64_t>(begin);
-  int64_t i = begin;
-  while (i < end) {
-    const auto lo = static_cast<uint32_t>(c);
-    const auto hi = static_cast<uint32_t>(c >> 32);
-    const int64_t room = static_cast<int64_t>((uint64_t{1} << 32) - lo);
-    const int64_t len = std::min(end - i, room);
-    seg(i, len, lo, hi);
-    i += len;
-    c += static_cast<uint64_t>(len);
-  }
-}
-
-void check_counter_range(const char* fn, int64_t n, int64_t offset) {
-  TORCH_CHECK_VALUE(offset >= 0, fn, ": offset must be >= 0, got ", offset);
-  TORCH_CHECK_VALUE(n <= std::numeric_limits<int64_t>::max() - offset, fn,
-                    ": offset + numel must stay below 2^63, got offset ", offset, " and numel ",
-                    n);
-}
-
-}  // namespace
-
-// ---------------------------------------------------------------- ops
+// ---------------------------------------------------------------- op
 
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, int64_t bits,
-                                                      bool stochastic, uint64_t seed,
+                                                      bool stochastic, int64_t seed,
                                                       int64_t offset) {
-  constexpr const char* fn = "qtrain._ext.quantize_symmetric";
-  TORCH_CHECK_VALUE(bits >= 2 && bits <= 8, fn, ": bits must be an integer in 2..8, got ", bits);
-  TORCH_CHECK_TYPE(x_in.scalar_type() == at::kFloat, fn, ": x must be float32, got ",
-                   x_in.scalar_type());
-  TORCH_CHECK_VALUE(x_in.device().is_cpu(), fn, ": x must be a CPU tensor, got device ",
-                    x_in.device());
-  TORCH_CHECK_VALUE(x_in.layout() == at::kStrided, fn, ": x must be a dense (strided) tensor");
   const int64_t n = x_in.numel();
-  check_counter_range(fn, n, offset);
-
   const at::Tensor x = x_in.contiguous();
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
   const int32_t qmax = (1 << (bits - 1)) - 1;
@@ -219,13 +133,14 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, in
   const Kernels& K = kernels();
 
   // pass 1: absmax
-  std::vector<uint32_t> partial(static_cast<size_t>(plan_threads(n, kGrain)), 0u);
-  parallel_ranges(n, [&](int t, int64_t b, int64_t e) {
+  std::vector<uint32_t> partial(static_cast<size_t>(plan_threads(n, ranges::kGrain)), 0u);
+  ranges::parallel(n, [&](int t, int64_t b, int64_t e) {
     partial[static_cast<size_t>(t)] = K.absmax_bits(xp + b, e - b);
   });
   const uint32_t mbits = *std::max_element(partial.begin(), partial.end());
-  TORCH_CHECK_VALUE(mbits < 0x7f800000u, fn,
-                    ": x contains NaN or Inf; quantization needs finite values");
+  TORCH_CHECK_VALUE(mbits < 0x7f800000u,
+                    "qtrain::quantize_symmetric: x contains NaN or Inf; quantization needs "
+                    "finite values");
   float absmax;
   std::memcpy(&absmax, &mbits, sizeof absmax);
   const float scale = absmax / static_cast<float>(qmax);
@@ -243,38 +158,23 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, in
 
   // pass 2: quantize
   if (!stochastic) {
-    parallel_ranges(n, [&](int, int64_t b, int64_t e) {
+    ranges::parallel(n, [&](int, int64_t b, int64_t e) {
       K.nearest(xp + b, qp + b, e - b, pre, inv, qmax);
     });
   } else {
-    const rng::Keys keys = rng::keys_from_seed(seed);
-    parallel_ranges(n, [&](int, int64_t b, int64_t e) {
-      for_counter_segments(static_cast<uint64_t>(offset), b, e,
-                           [&](int64_t i, int64_t len, uint32_t lo, uint32_t hi) {
-                             K.stochastic(xp + i, qp + i, len, pre, inv, qmax, lo, keys.k1,
-                                          rng::block_key(keys, hi));
-                           });
+    const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
+    ranges::parallel(n, [&](int, int64_t b, int64_t e) {
+      ranges::for_counter_segments(static_cast<uint64_t>(offset), b, e,
+                                   [&](int64_t i, int64_t len, uint32_t lo, uint32_t hi) {
+                                     K.stochastic(xp + i, qp + i, len, pre, inv, qmax, lo,
+                                                  keys.k1, rng::block_key(keys, hi));
+                                   });
     });
   }
   return {q, scale_t};
 }
 
-at::Tensor counter_uniform(int64_t n, uint64_t seed, int64_t offset) {
-  constexpr const char* fn = "qtrain._ext.counter_uniform";
-  TORCH_CHECK_VALUE(n >= 0, fn, ": n must be >= 0, got ", n);
-  check_counter_range(fn, n, offset);
-  at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
-  if (n == 0) return out;
-  float* op = out.mutable_data_ptr<float>();
-  const Kernels& K = kernels();
-  const rng::Keys keys = rng::keys_from_seed(seed);
-  parallel_ranges(n, [&](int, int64_t b, int64_t e) {
-    for_counter_segments(static_cast<uint64_t>(offset), b, e,
-                         [&](int64_t i, int64_t len, uint32_t lo, uint32_t hi) {
-                           K.uniform(op + i, len, lo, keys.k1, rng::block_key(keys, hi));
-                         });
-  });
-  return out;
-}
-
+}  // namespace
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("quantize_symmetric", &qtrain::quantize_symmetric); }

@@ -1,0 +1,83 @@
+// Device-neutral argument checks used by the op fronts (ext/ops/*.cpp). They read
+// only metadata (dtype, shape, layout, device), never data, so they cost nothing on
+// any device and never wait for a GPU. Failures are c10::ValueError / TypeError,
+// which Python sees as ValueError / TypeError.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+namespace qtrain {
+namespace checks {
+
+// A defined, dense (strided) tensor.
+inline void dense(const char* fn, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.defined(), fn, ": ", name, " must be a tensor");
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, fn, ": ", name,
+                    " must be a dense (strided) tensor, got layout ", t.layout());
+}
+
+// t is on `device` (the device of the op's first tensor, named `first`).
+inline void same_device(const char* fn, const char* name, const at::Tensor& t,
+                        const char* first, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.device() == device, fn, ": ", name, " is on ", t.device(), " but ", first,
+                    " is on ", device);
+}
+
+// A dtype as Python spells it (float32, int8, ...), as users read it in messages.
+inline const char* dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+inline void dtype(const char* fn, const char* name, const at::Tensor& t, at::ScalarType want) {
+  TORCH_CHECK_TYPE(t.scalar_type() == want, fn, ": ", name, " must be ", dtype_name(want),
+                   ", got ", dtype_name(t.scalar_type()));
+}
+
+// A 1-d int32 or int64 index tensor.
+inline void index(const char* fn, const char* name, const at::Tensor& t) {
+  dense(fn, name, t);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, fn, ": ", name,
+                   " must be int32 or int64, got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK_VALUE(t.dim() == 1, fn, ": ", name, " must be 1-d, got shape ", t.sizes());
+}
+
+// int8 rows [N, D] or [N, H, D].
+inline void int8_rows(const char* fn, const char* name, const at::Tensor& t) {
+  dense(fn, name, t);
+  dtype(fn, name, t, at::kChar);
+  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, fn, ": ", name,
+                    " must have shape [N, D] or [N, H, D], got ", t.sizes());
+}
+
+inline void bits_in(const char* fn, int64_t bits, int64_t lo, int64_t hi) {
+  TORCH_CHECK_VALUE(bits >= lo && bits <= hi, fn, ": bits must be an integer in ", lo, "..", hi,
+                    ", got ", bits);
+}
+
+// Counters offset .. offset + n - 1 of the random stream stay in [0, 2^63).
+inline void counter_range(const char* fn, int64_t n, int64_t offset) {
+  TORCH_CHECK_VALUE(offset >= 0, fn, ": offset must be >= 0, got ", offset);
+  TORCH_CHECK_VALUE(n <= std::numeric_limits<int64_t>::max() - offset, fn,
+                    ": offset + numel must stay below 2^63, got offset ", offset, " and numel ",
+                    n);
+}
+
+}  // namespace checks
+}  // namespace qtrain

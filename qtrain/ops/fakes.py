@@ -1,0 +1,220 @@
+"""Fake (meta) kernels of the op library: the shapes and dtypes each op returns.
+
+``torch.compile``, ``torch.library.opcheck`` and FakeTensorMode run an op on
+tensors without data; for the ops of ``torch.ops.qtrain`` they call these
+functions, which work on symbolic sizes too. The argument checks are not here:
+each op's C++ front (``ext/ops/<op>.cpp``) makes them once for every device.
+Registered by :func:`register` when ``qtrain.backends`` imports the library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _packed_bytes(n: Any, bits: int) -> Any:
+    """Bytes that ``n`` values of ``bits`` bits take packed (``n`` may be symbolic)."""
+    return (n * bits + 7) // 8
+
+
+def _empty(shape: Any, dtype: torch.dtype, like: Tensor) -> Tensor:
+    return like.new_empty(shape, dtype=dtype)
+
+
+def quantize_symmetric(
+    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0
+) -> tuple[Tensor, Tensor]:
+    return _empty(x.shape, torch.int8, x), _empty((), torch.float32, x)
+
+
+def fill_counter_uniform(out: Tensor, seed: int = 0, offset: int = 0) -> None:
+    return None
+
+
+def qspmm(
+    indptr: Tensor,
+    indices: Tensor,
+    q: Tensor,
+    scale: float,
+    weight: Tensor | None = None,
+    eids: Tensor | None = None,
+) -> Tensor:
+    return _empty((indptr.shape[0] - 1, *q.shape[1:]), torch.float32, q)
+
+
+def qsddmm(
+    op: str,
+    q_lhs: Tensor,
+    scale_lhs: float,
+    lhs_index: Tensor,
+    q_rhs: Tensor,
+    scale_rhs: float,
+    rhs_index: Tensor,
+) -> Tensor:
+    edges = lhs_index.shape[0]
+    trailing = (*q_lhs.shape[1:-1], 1) if op == "dot" else q_lhs.shape[1:]
+    return _empty((edges, *trailing), torch.float32, q_lhs)
+
+
+def _gemm_shape(a: Tensor, b: Tensor, layout: str) -> tuple[Any, Any]:
+    """(M, N) of the product of operands stored as ``layout`` says."""
+    m = a.shape[1] if layout == "tn" else a.shape[0]
+    n = b.shape[0] if layout == "nt" else b.shape[1]
+    return m, n
+
+
+def int8_gemm(
+    qa: Tensor, qb: Tensor, scale: float, layout: str, bias: Tensor | None = None
+) -> Tensor:
+    return _empty(_gemm_shape(qa, qb, layout), torch.float32, qa)
+
+
+def quantized_gemm(
+    a: Tensor,
+    b: Tensor,
+    absmax_a: Tensor,
+    absmax_b: Tensor,
+    bits_a: int = 8,
+    bits_b: int = 8,
+    layout: str = "nn",
+    bias: Tensor | None = None,
+    stochastic: bool = False,
+    seed: int = 0,
+    offset_a: int = 0,
+    offset_b: int = 0,
+) -> tuple[Tensor, Tensor]:
+    return _empty(_gemm_shape(a, b, layout), torch.float32, a), _empty((), torch.float32, a)
+
+
+def _row_codes(rows: Any, width: Any, bits: int, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(packed, zero, range) of ``rows`` quantized rows of ``width`` values."""
+    return (
+        _empty((_packed_bytes(rows * width, bits),), torch.uint8, like),
+        _empty((rows,), torch.bfloat16, like),
+        _empty((rows,), torch.bfloat16, like),
+    )
+
+
+def quantize_rows(
+    x: Tensor, bits: int, stochastic: bool = True, seed: int = 0, offset: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _row_codes(x.shape[0], x.shape[1], bits, x)
+
+
+def dequantize_rows(packed: Tensor, zero: Tensor, range: Tensor, bits: int, width: int) -> Tensor:
+    return _empty((zero.shape[0], width), torch.float32, packed)
+
+
+def quantize_rows_into(
+    x: Tensor,
+    index: Tensor | None,
+    bits: int,
+    stochastic: bool,
+    seed: int,
+    offset: int,
+    out: Tensor,
+) -> None:
+    return None
+
+
+def dequantize_rows_into(
+    segment: Tensor, rows: int, bits: int, out: Tensor, index: Tensor | None, add: bool
+) -> None:
+    return None
+
+
+def project_quantize_rows(
+    x: Tensor,
+    k: int,
+    bits: int,
+    stochastic: bool = True,
+    seed: int = 0,
+    offset: int = 0,
+    projection_offset: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _row_codes(x.shape[0], k, bits, x)
+
+
+def dequantize_unproject_rows(
+    packed: Tensor,
+    zero: Tensor,
+    range: Tensor,
+    bits: int,
+    k: int,
+    d: int,
+    seed: int = 0,
+    projection_offset: int = 0,
+) -> Tensor:
+    return _empty((zero.shape[0], d), torch.float32, packed)
+
+
+def pack_bits(values: Tensor, bits: int) -> Tensor:
+    return _empty((_packed_bytes(values.numel(), bits),), torch.uint8, values)
+
+
+def unpack_bits(packed: Tensor, bits: int, n: int) -> Tensor:
+    return _empty((n,), torch.uint8, packed)
+
+
+def masked_scale(grad: Tensor, packed: Tensor, scale: float) -> Tensor:
+    return _empty(grad.shape, torch.float32, grad)
+
+
+def fill_rademacher(out: Tensor, seed: int = 0, offset: int = 0) -> None:
+    return None
+
+
+def keep_mask_rows(ids: Tensor, width: int, threshold: int, seed: int = 0) -> Tensor:
+    return _empty((_packed_bytes(ids.shape[0] * width, 1),), torch.uint8, ids)
+
+
+# every op of the library, by name: a test checks that the library defines exactly these
+FAKES: dict[str, Callable[..., Any]] = {
+    fn.__name__: fn
+    for fn in (
+        quantize_symmetric,
+        fill_counter_uniform,
+        qspmm,
+        qsddmm,
+        int8_gemm,
+        quantized_gemm,
+        quantize_rows,
+        dequantize_rows,
+        quantize_rows_into,
+        dequantize_rows_into,
+        project_quantize_rows,
+        dequantize_unproject_rows,
+        pack_bits,
+        unpack_bits,
+        masked_scale,
+        fill_rademacher,
+        keep_mask_rows,
+    )
+}
+
+_registered = False
+
+
+def defined_ops() -> set[str]:
+    """The ops the loaded library defines in the ``qtrain`` namespace."""
+    prefix = "qtrain::"
+    return {
+        name[len(prefix) :].split(".")[0]
+        for name in torch._C._dispatch_get_all_op_names()
+        if name.startswith(prefix)
+    }
+
+
+def register() -> None:
+    """Register the fake kernel of every op the library defines (once per process)."""
+    global _registered
+    if _registered:
+        return
+    for name in sorted(defined_ops() & FAKES.keys()):
+        torch.library.register_fake(f"qtrain::{name}")(FAKES[name])
+    _registered = True
