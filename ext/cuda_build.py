@@ -1,4 +1,5 @@
-"""Build the whole CUDA extension in a copy of the working tree, import it, prove its error path.
+"""Build the whole op library with its CUDA kernels in a copy of the working tree, import it,
+prove its error path.
 
 Run it with the Python whose torch has CUDA (``make cuda-build`` uses the side
 environment ``.venv-cuda`` with PyPI's CUDA build of torch; ``make gpu-check``
@@ -10,8 +11,10 @@ every kernel, and the extension imports and raises without a device. Steps:
    ``--in-place``, build in the checkout itself instead, from scratch (its
    ``build/temp.*`` objects and ``qtrain/_ext*.so`` removed first);
 2. ``QTRAIN_BUILD_CUDA=1 python setup.py build_ext --inplace`` there;
-3. in a child process: import ``qtrain._ext_cuda`` and ``qtrain._ext``, and call
-   an op of each that must raise ValueError (``qtrain.backends.check_error_path``).
+3. in a child process: import ``qtrain._ext``, check that every op of
+   ``torch.ops.qtrain`` has its front, a CPU kernel, a CUDA kernel and a fake kernel
+   (``qtrain.backends.library_problems``), and make the CPU and the CUDA code raise
+   ValueError (``qtrain.backends.check_error_path``).
 
 If step 3 finds a build that crashes when an op raises (an extension built
 with another compiler than torch's did so on every C++ exception on an H100
@@ -32,6 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = ("ext-cpu", "ext-cuda")
 COPY = ROOT / "build" / "cuda-tree"
 SYSTEM_CXX = ("/usr/bin/gcc", "/usr/bin/g++")
 
@@ -40,13 +44,13 @@ CHECK = """
 import json
 from qtrain import backends
 report = {}
-for name in ("ext-cpu", "ext-cuda"):
+for name in backends.BACKENDS:
     error = backends.error(name)
     report[name] = {"import": error or "ok",
                     "error_path": backends.check_error_path(name) if error is None else None}
-import qtrain._ext_cuda as m
-report["ext-cuda"]["info"] = dict(m.info())
-report["ext-cuda"]["ops"] = sorted(n for n in dir(m) if not n.startswith("_") and n != "info")
+report["ext-cuda"]["info"] = backends.status()["ext-cuda"]
+report["ops"] = backends.op_kernels()
+report["problems"] = backends.library_problems()
 print(json.dumps(report))
 """
 
@@ -82,7 +86,7 @@ def clean(tree: Path) -> None:
     """No object or extension of an earlier build left in ``tree``."""
     for stale in (tree / "build").glob("temp.*"):
         shutil.rmtree(stale)
-    for so in (tree / "qtrain").glob("_ext*.so"):
+    for so in (tree / "qtrain").glob("_ext*.so"):  # _ext_cuda*.so: what older builds left
         so.unlink()
 
 
@@ -115,7 +119,8 @@ def check(tree: Path) -> dict:
 
 
 def safe(report: dict) -> bool:
-    return all(r["import"] == "ok" and r["error_path"] is None for r in report.values())
+    """Both backends import and raise properly."""
+    return all(report[b]["import"] == "ok" and report[b]["error_path"] is None for b in BACKENDS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,14 +155,19 @@ def main(argv: list[str] | None = None) -> int:
         if not build(tree, env):
             return 1
         report = check(tree)
-    for name, result in report.items():
+    for name in BACKENDS:
+        result = report[name]
         log(f"{name}: import {result['import']}, error path {result['error_path'] or 'ok'}")
-    cuda = report["ext-cuda"]
-    log(f"qtrain._ext_cuda: {len(cuda.get('ops', []))} ops, {cuda.get('info')}")
-    if not safe(report):
-        log("FAILED: a build that does not import or that crashes when an op raises")
+    log(f"torch.ops.qtrain: {len(report['ops'])} ops; CUDA: {report['ext-cuda'].get('info')}")
+    for problem in report["problems"]:
+        log(f"op library: {problem}")
+    if not safe(report) or report["problems"]:
+        log("FAILED: a build that does not import, lacks a kernel, or crashes when an op raises")
         return 1
-    log(f"ok: the whole CUDA extension builds, imports and raises properly (compiler: {chosen})")
+    log(
+        f"ok: the whole op library builds with its CUDA kernels, imports and raises properly "
+        f"(compiler: {chosen})"
+    )
     return 0
 
 

@@ -124,12 +124,58 @@ def status() -> dict[str, dict[str, Any]]:
             try:
                 info = dict(describe())
             except Exception as exc:
-                entry["error"] = f"{MODULE} {describe.__name__}() failed: {type(exc).__name__}: {exc}"
+                entry["error"] = (
+                    f"{MODULE} {describe.__name__}() failed: {type(exc).__name__}: {exc}"
+                )
             else:
                 entry.update({k: v for k, v in info.items() if k not in entry})
                 entry["note"] = _version_note(info.get("torch_built_against"))
         out[backend] = entry
     return out
+
+
+# the dispatch keys an op of the library registers: its front (argument checks), its
+# kernels per device, and its fake kernel (qtrain/ops/fakes.py registers it as Meta)
+KERNEL_KEYS = {"front": "BackendSelect", "cpu": "CPU", "cuda": "CUDA", "fake": "Meta"}
+
+
+def op_kernels() -> dict[str, list[str]]:
+    """Each op of the loaded library with what it registers (front, cpu, cuda, fake).
+
+    Empty when the library is not built. Example: ``{"qspmm": ["front", "cpu", "fake"]}``.
+    """
+    import torch
+
+    if not available("ext-cpu"):
+        return {}
+    from qtrain.ops import fakes
+
+    return {
+        name: [
+            part
+            for part, key in KERNEL_KEYS.items()
+            if torch._C._dispatch_has_kernel_for_dispatch_key(f"qtrain::{name}", key)
+        ]
+        for name in sorted(fakes.defined_ops())
+    }
+
+
+def library_problems() -> list[str]:
+    """What the loaded library lacks: an op without its front, a CPU kernel, a fake kernel
+    or (in a CUDA build) a CUDA kernel, and ops it should define but does not."""
+    from qtrain.ops import fakes
+
+    kernels = op_kernels()
+    if not kernels:
+        return []
+    needed = ["front", "cpu", "fake", *(["cuda"] if available("ext-cuda") else [])]
+    problems = [f"op {name} is not defined" for name in sorted(fakes.FAKES.keys() - kernels)]
+    problems += [f"op {name} has no fake kernel" for name in sorted(kernels.keys() - fakes.FAKES)]
+    for name, parts in kernels.items():
+        missing = [part for part in needed if part not in parts]
+        if missing and name in fakes.FAKES:
+            problems.append(f"op {name} has no {', no '.join(missing)}")
+    return problems
 
 
 def _version_note(built_against: object) -> str | None:

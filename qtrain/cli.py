@@ -374,7 +374,7 @@ def _doctor_report() -> dict[str, Any]:
     import torch
 
     from qtrain import _compat
-    from qtrain.backends import check_error_path
+    from qtrain.backends import check_error_path, library_problems, op_kernels
     from qtrain.backends import status as backend_status
     from qtrain.data.base import data_dir
 
@@ -396,6 +396,8 @@ def _doctor_report() -> dict[str, Any]:
     for name, info in report["extensions"].items():
         if info.get("built"):  # an op that must raise does raise (in a child: it may crash)
             info["error_path"] = check_error_path(name) or "ok"
+    report["ops"] = op_kernels()
+    report["op_problems"] = library_problems()
     devices = [f"cpu ({torch.get_num_threads()} threads)"]
     if torch.cuda.is_available():
         devices += [
@@ -421,6 +423,7 @@ def doctor(
         report["dgl"] is not None
         and extensions.get("ext-cpu", {}).get("built", False)
         and all(info.get("error_path", "ok") == "ok" for info in extensions.values())
+        and not report["op_problems"]
     )
     if as_json:
         _print_json({**report, "healthy": healthy})
@@ -442,6 +445,11 @@ def doctor(
             table.add_row(name, f"[green]built[/green] {detail}")
         else:
             table.add_row(name, f"[yellow]{info.get('error')}[/yellow]")
+    if report["ops"]:
+        kernels = ", ".join(f"{name} ({'/'.join(parts)})" for name, parts in report["ops"].items())
+        table.add_row("ops", f"torch.ops.qtrain: {kernels}")
+    for problem in report["op_problems"]:
+        table.add_row("[red]op library[/red]", problem)
     table.add_row("devices", "\n".join(report["devices"]))
     table.add_row("data dir", report["data_dir"])
     table.add_row("plugins", ", ".join(report["plugins"]) or "(none)")

@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-from qtrain import backends
 from qtrain.ops import compress, dispatch
 from qtrain.quant import rowwise
-from qtrain.quant.rng import counter_bits_at, normalize_seed
+from qtrain.quant.rng import counter_bits_at, op_seed
 
-KEEP_MASK_KERNELS: tuple[str, ...] = ("ext-cpu",)
+KEEP_MASK_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
 
 
 class MaskedReLU(torch.autograd.Function):
@@ -103,6 +102,10 @@ def keep_threshold(p: float) -> int:
 def reference_keep_mask(ids: torch.Tensor, width: int, threshold: int, seed: int) -> torch.Tensor:
     """Bool ``[rows, width]``: element (r, j) kept when the hash at counter
     ``ids[r] * width + j`` has its top 24 bits >= ``threshold``."""
+    if ids.dtype != torch.int64 or ids.dim() != 1:
+        raise TypeError(f"ids must be a 1-d int64 tensor, got {ids.dtype} {tuple(ids.shape)}")
+    if ids.numel() and (int(ids.min()) < 0 or (width and int(ids.max()) >= 2**62 // width)):
+        raise ValueError("ids must be in [0, 2^62 / width)")
     counters = ids.to(torch.int64)[:, None] * width + torch.arange(width, dtype=torch.int64)
     return (counter_bits_at(counters.reshape(-1), seed) >> 8).reshape(counters.shape) >= threshold
 
@@ -112,17 +115,13 @@ def keep_mask(
 ) -> torch.Tensor:
     """The packed (1 bit per element) keep-mask of a ``[len(ids), width]`` tensor whose
     row r belongs to global id ``ids[r]``: a pure function of (seed, id, column)."""
-    if ids.dtype != torch.int64 or ids.dim() != 1:
-        raise TypeError(f"ids must be a 1-d int64 tensor, got {ids.dtype} {tuple(ids.shape)}")
-    if ids.numel() and int(ids.min()) < 0:
-        raise ValueError("ids must be >= 0")
-    threshold, seed = keep_threshold(p), normalize_seed(seed)
+    threshold = keep_threshold(p)
     chosen = dispatch.resolve("dropout-mask", ids, backend, kernels=KEEP_MASK_KERNELS)
     with dispatch.call("dropout-mask", chosen):
-        if chosen == "ext-cpu":
-            return backends.ext_cpu().keep_mask_rows(ids, int(width), threshold, seed)
-        mask = reference_keep_mask(ids, int(width), threshold, seed)
-        return rowwise.pack_bits(mask.reshape(-1), 1)
+        if chosen == "reference":
+            mask = reference_keep_mask(ids, int(width), threshold, seed)
+            return rowwise.pack_bits(mask.reshape(-1), 1)
+        return torch.ops.qtrain.keep_mask_rows(ids, width, threshold, op_seed(seed))
 
 
 class KeyedDropout(torch.autograd.Function):
@@ -135,7 +134,7 @@ class KeyedDropout(torch.autograd.Function):
         ctx: Any, x: torch.Tensor, ids: torch.Tensor, p: float, seed: int, backend: str
     ) -> torch.Tensor:  # type: ignore[override]
         width = x[0].numel() if x.shape[0] else 0
-        packed = keep_mask(ids.to(torch.int64).cpu(), width, p, seed, backend).to(x.device)
+        packed = keep_mask(ids.to(device=x.device, dtype=torch.int64), width, p, seed, backend)
         scale = 1.0 / (1.0 - p)
         ctx.save_for_backward(packed)
         ctx.scale, ctx.backend = scale, backend
@@ -190,8 +189,8 @@ def keyed_dropout(
             on_call()
         return KeyedDropout.apply(x, ids, float(p), int(seed), backend)
     width = x[0].numel() if x.shape[0] else 0
-    packed = keep_mask(ids.to(torch.int64).cpu(), width, p, seed, backend)
-    kept = compress.unpack_mask(packed, x.numel(), backend).reshape(x.shape).to(x.device)
+    packed = keep_mask(ids.to(device=x.device, dtype=torch.int64), width, p, seed, backend)
+    kept = compress.unpack_mask(packed, x.numel(), backend).reshape(x.shape)
     scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
     # x * mask with a float mask, saved for backward as torch's dropout saves it
     return x * torch.where(kept, scale, torch.zeros((), dtype=torch.float32)).to(x.dtype)

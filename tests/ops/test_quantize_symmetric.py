@@ -113,8 +113,18 @@ def test_opcheck(device: str) -> None:
 def test_errors(device: str) -> None:
     expect_errors(
         [
-            ErrorCase("bits 9", "ops.quantize_symmetric(torch.ones(3, device=dev), 9)", "ValueError", r"2\.\.8"),
-            ErrorCase("bits 1", "ops.quantize_symmetric(torch.ones(3, device=dev), 1)", "ValueError", r"2\.\.8"),
+            ErrorCase(
+                "bits 9",
+                "ops.quantize_symmetric(torch.ones(3, device=dev), 9)",
+                "ValueError",
+                r"2\.\.8",
+            ),
+            ErrorCase(
+                "bits 1",
+                "ops.quantize_symmetric(torch.ones(3, device=dev), 1)",
+                "ValueError",
+                r"2\.\.8",
+            ),
             ErrorCase(
                 "float64",
                 "ops.quantize_symmetric(torch.ones(3, device=dev, dtype=torch.float64), 8)",

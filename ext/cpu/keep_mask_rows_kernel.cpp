@@ -1,9 +1,9 @@
-// Dropout masks keyed by global row id (the reference is qtrain/ops/masks.py
+// keep_mask_rows on the CPU (front: ops/keep_mask_rows.cpp; reference qtrain/ops/masks.py
 // reference_keep_mask): element (r, j) of a [rows, width] tensor is kept when
 //
 //   (hash at counter ids[r] * width + j  >> 8)  >=  threshold      (threshold in [0, 2^24])
 //
-// with the counter generator of qtrain_rng.h, so the mask of a node's row is a
+// with the counter generator of common/rng.h, so the mask of a node's row is a
 // pure function of (seed, its global id, the feature): a worker that holds
 // rows of a partition draws exactly the rows a single process draws for the
 // whole graph. The mask comes back packed, 1 bit per element in row-major
@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -20,10 +21,9 @@
 #include <omp.h>
 #endif
 
-#include "cpu_isa.h"
-#include "cpu_threads.h"
-#include "qtrain_ops.h"
-#include "qtrain_rng.h"
+#include "common/rng.h"
+#include "cpu/isa.h"
+#include "cpu/threads.h"
 
 namespace qtrain {
 namespace {
@@ -93,33 +93,22 @@ void keep_range(const Kernels& K, const int64_t* ids, int64_t width, const rng::
   }
 }
 
-}  // namespace
-
 at::Tensor keep_mask_rows(const at::Tensor& ids_in, int64_t width, int64_t threshold,
-                          uint64_t seed) {
-  constexpr const char* fn = "qtrain._ext.keep_mask_rows";
-  TORCH_CHECK_TYPE(ids_in.scalar_type() == at::kLong, fn, ": ids must be int64, got ",
-                   ids_in.scalar_type());
-  TORCH_CHECK_VALUE(ids_in.device().is_cpu(), fn, ": ids must be a CPU tensor");
-  TORCH_CHECK_VALUE(ids_in.dim() == 1, fn, ": ids must be 1-d, got ", ids_in.dim(), "-d");
-  TORCH_CHECK_VALUE(width >= 0, fn, ": width must be >= 0, got ", width);
-  TORCH_CHECK_VALUE(threshold >= 0 && threshold <= (int64_t{1} << 24), fn,
-                    ": threshold must be in [0, 2^24], got ", threshold);
+                          int64_t seed) {
   const int64_t rows = ids_in.numel();
-  TORCH_CHECK_VALUE(width == 0 || rows <= (int64_t{1} << 60) / width, fn,
-                    ": rows * width too large: ", rows, " x ", width);
   const at::Tensor ids = ids_in.contiguous();
   const int64_t* id = ids.const_data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {  // counters ids * width + j must stay below 2^63
-    TORCH_CHECK_VALUE(id[r] >= 0 && (width == 0 || id[r] < ((int64_t{1} << 62) / width)), fn,
-                      ": ids must be in [0, 2^62 / width), got ", id[r], " at ", r);
+    TORCH_CHECK_VALUE(id[r] >= 0 && (width == 0 || id[r] < ((int64_t{1} << 62) / width)),
+                      "qtrain::keep_mask_rows: ids must be in [0, 2^62 / width), got ", id[r],
+                      " at ", r);
   }
   const int64_t n = rows * width;
   at::Tensor out = at::empty({(n + 7) / 8}, ids.options().dtype(at::kByte));
   if (n == 0) return out;
   auto* packed = static_cast<uint8_t*>(out.mutable_data_ptr());
   const Kernels& K = kernels();
-  const rng::Keys keys = rng::keys_from_seed(seed);
+  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
   const auto thr = static_cast<uint32_t>(threshold);
   const int nt = plan_threads(n, kGrain);
   const int64_t bytes = (n + 7) / 8;
@@ -137,4 +126,7 @@ at::Tensor keep_mask_rows(const at::Tensor& ids_in, int64_t width, int64_t thres
   return out;
 }
 
+}  // namespace
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("keep_mask_rows", &qtrain::keep_mask_rows); }
