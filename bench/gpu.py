@@ -3,11 +3,11 @@
 The device tool runs one command of at most ten minutes on a fresh machine, so
 this script does everything in order and writes what it has after each stage:
 
-1. build both extensions in place from scratch, every core compiling, and prove
+1. build the op library with its CUDA kernels in place from scratch, every core compiling, and prove
    that an op that must raise does raise (``ext/cuda_build.py --in-place``, which
    rebuilds with the system compiler if the default one crashes on a raise);
-2. check: ``pytest tests/test_cuda_tango.py tests/test_cuda_compress.py`` (each
-   CUDA kernel against its PyTorch reference);
+2. check: ``pytest tests/ops`` and the GPU tests of the plugins (each op's CUDA kernel
+   against its PyTorch reference, opcheck, its error paths on the device);
 3. measure the device's memory bandwidth (a large device-to-device copy);
 4. time every kernel against the baselines a GPU user would pick
    (``bench/gpu_tango.py``: quantize, INT8 GEMM, SpMM, SDDMM; ``bench/gpu_compress.py``:
@@ -48,7 +48,7 @@ from _record import ROOT, git_commit, write_json
 sys.path.insert(0, str(ROOT))
 
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
-TESTS = ("tests/test_cuda_tango.py", "tests/test_cuda_compress.py")
+TESTS = ("tests/ops", "tests/test_cuda_tango.py")
 
 
 def build(log: Path) -> dict[str, Any]:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     backends.refresh()
     if not backends.available("ext-cuda"):
         print(
-            f"bench/gpu.py: qtrain._ext_cuda unavailable: {backends.error('ext-cuda')}",
+            f"bench/gpu.py: the CUDA kernels are unavailable: {backends.error('ext-cuda')}",
             file=sys.stderr,
         )
         return 1

@@ -1,4 +1,4 @@
-"""GPU timings of the tango CUDA kernels (qtrain._ext_cuda) against torch baselines.
+"""GPU timings of the tango CUDA kernels (torch.ops.qtrain on CUDA) against torch baselines.
 
 ``run(quick)`` verifies a small case of every kernel against its pure-PyTorch
 reference (RuntimeError on a mismatch), then times, with CUDA events (warm-up,
@@ -60,7 +60,9 @@ def verify(ext: Any) -> None:
         rq, rs = quantize_symmetric(x, 5, "stochastic" if stochastic else "nearest", 3, 2**32 - 9)
         _same("quantize_symmetric q", q, rq)
         _same("quantize_symmetric scale", s, rs)
-    _same("counter_uniform", ext.counter_uniform(4097, 5, 11), counter_uniform(4097, 5, 11))
+    uniform = torch.empty(4097, device=dev)
+    ext.fill_counter_uniform(uniform, 5, 11)
+    _same("fill_counter_uniform", uniform, counter_uniform(4097, 5, 11))
     for layout in gemm.LAYOUTS:
         m, k, n = 77, 45, 300
         sa = (k, m) if layout == "tn" else (m, k)
@@ -304,7 +306,8 @@ def run(quick: bool) -> list[dict]:
 
     if not torch.cuda.is_available():
         raise RuntimeError("gpu_tango: no CUDA device")
-    ext = backends.ext_cuda()
+    backends.ext_cuda()  # the library with its CUDA kernels, or an error saying why not
+    ext = torch.ops.qtrain
     verify(ext)
     repeats = 5 if quick else 10
     bw = copy_bandwidth_gbps()

@@ -16,6 +16,8 @@ from qtrain.ops import dispatch
 from qtrain.ops.quantize import QUANTIZE_KERNELS, dequantize, quantize
 from qtrain.quant import quantize_symmetric
 
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
 
 @pytest.fixture(autouse=True)
 def fresh_counter() -> Iterator[None]:
@@ -27,7 +29,7 @@ def fresh_counter() -> Iterator[None]:
 @pytest.fixture
 def missing_ext(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make the CPU extension look unbuilt for the duration of a test."""
-    monkeypatch.setitem(backends.MODULES, "ext-cpu", "qtrain._ext_missing_for_test")
+    monkeypatch.setattr(backends, "MODULE", "qtrain._ext_missing_for_test")
     backends.refresh()
     yield
     backends.refresh()
@@ -42,7 +44,7 @@ def broken_ext(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
     """)
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(backends.MODULES, "ext-cpu", "qtrain_broken_ext_for_test")
+    monkeypatch.setattr(backends, "MODULE", "qtrain_broken_ext_for_test")
     backends.refresh()
     yield
     backends.refresh()
@@ -71,12 +73,31 @@ def test_status_shape() -> None:
         assert cpu["threads"] >= 1 and cpu["compiler"]
 
 
-@pytest.mark.skipif(bool(torch.version.cuda), reason="torch has CUDA here")
-def test_status_cuda_missing_on_cpu_torch() -> None:
+def test_status_cuda() -> None:
     cuda = backends.status()["ext-cuda"]
-    assert cuda["built"] is False and "has no CUDA" in cuda["error"]
-    with pytest.raises(QtrainError, match="has no CUDA"):
-        backends.ext_cuda()
+    if not torch.version.cuda:
+        assert cuda["built"] is False and "has no CUDA" in cuda["error"]
+        with pytest.raises(QtrainError, match="has no CUDA"):
+            backends.ext_cuda()
+    else:  # a CUDA torch: the library must hold the CUDA kernels (make cuda-build, gpu-check)
+        assert cuda["built"] is True, cuda["error"]
+        assert cuda["archs_compiled"] and cuda["path"] == backends.status()["ext-cpu"]["path"]
+
+
+def test_the_library_defines_every_op_with_its_front_kernels_and_fake() -> None:
+    _need_ext()
+    assert backends.library_problems() == []
+    kernels = backends.op_kernels()
+    assert len(kernels) == 17
+    want = {"front", "cpu", "fake", *(["cuda"] if backends.available("ext-cuda") else [])}
+    assert all(set(parts) == want for parts in kernels.values()), kernels
+
+
+def test_a_missing_kernel_is_a_library_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    _need_ext()
+    kernels = {**backends.op_kernels(), "qspmm": ["front", "fake"]}
+    monkeypatch.setattr(backends, "op_kernels", lambda: kernels)
+    assert backends.library_problems() == ["op qspmm has no cpu"]
 
 
 def test_missing_extension_is_reported(missing_ext: None) -> None:
@@ -98,13 +119,17 @@ def test_broken_extension_reports_the_import_error(broken_ext: None) -> None:
 # ------------------------------------------------------------------ dispatch
 
 
-def test_auto_uses_ext_and_counts() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_uses_the_devices_kernel_and_counts(device: str) -> None:
     _need_ext()
     x = torch.randn(100)
     for _ in range(3):
-        quantize(x, 8)
-    assert dispatch.snapshot() == {"quantize": {"ext-cpu": 3}}
+        q, scale = quantize(x.to(device), 4, "stochastic", seed=2, offset=5)
+    backend = "ext-cuda" if device == "cuda" else "ext-cpu"
+    assert dispatch.snapshot() == {"quantize": {backend: 3}}
     assert dispatch.fallbacks() == []
+    want_q, want_scale = quantize_symmetric(x, 4, "stochastic", 2, 5)
+    assert torch.equal(q.cpu(), want_q) and torch.equal(scale.cpu(), want_scale)
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])

@@ -29,10 +29,21 @@ def _setup_module() -> ModuleType:
 def test_no_two_sources_compile_to_one_object_file() -> None:
     setup = _setup_module()
     cpu, cuda = setup.cpu_sources(), setup.cuda_sources()
-    assert "ext/module.cpp" in cpu and "ext/module_cuda.cpp" in cuda
+    assert "ext/module.cpp" in cpu and "ext/cuda/module_cuda.cpp" in cuda
     assert any(s.endswith(".cu") for s in cuda) and not any(s.endswith(".cu") for s in cpu)
-    assert setup.object_clashes(cpu) == []
-    assert setup.object_clashes(cuda) == []
+    assert setup.object_clashes(cpu + cuda) == []  # a CUDA build compiles both
+
+
+def test_every_op_has_a_front_and_a_kernel_per_device_side_by_side() -> None:
+    """ext/ops/<op>.cpp, ext/cpu/<op>_kernel.cpp, ext/cuda/<op>_kernel.cu: one op, one name."""
+    from qtrain.ops.fakes import FAKES
+
+    ext = ROOT / "ext"
+    fronts = {p.stem for p in (ext / "ops").glob("*.cpp")}
+    assert fronts == set(FAKES)
+    for device, suffix in (("cpu", ".cpp"), ("cuda", ".cu")):
+        kernels = {p.name.removesuffix("_kernel" + suffix) for p in (ext / device).glob("*_kernel" + suffix)}
+        assert kernels == fronts, f"{device}: no kernel file for {sorted(fronts - kernels)}"
 
 
 def test_object_clashes_finds_what_ninja_refused() -> None:
@@ -55,8 +66,8 @@ def test_the_cpu_extension_raises_instead_of_crashing() -> None:
     [
         (
             "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
-            r"qtrain\._ext crashed \(SIGSEGV\) when an op raised .* built with .*, torch built "
-            r"with .*; rebuild it",
+            r"qtrain\._ext \(ext-cpu\) crashed \(SIGSEGV\) when an op raised .* built with .*, torch "
+            r"built with .*; rebuild it",
         ),
         ("import os, signal; os.kill(os.getpid(), signal.SIGABRT)", r"crashed \(SIGABRT\)"),
         ("x = 1", "did not .it returned without raising"),

@@ -80,10 +80,11 @@ def scope_name(primitive: str, backend: str) -> str:
 
 @contextlib.contextmanager
 def call(primitive: str, backend: str) -> Iterator[None]:
-    """Count one call of ``primitive`` on ``backend`` and mark its span for torch.profiler."""
-    COUNTER.record(primitive, backend)
+    """Mark a call of ``primitive`` on ``backend`` for torch.profiler and count it once it
+    has returned (a call its arguments refused ran no kernel)."""
     with torch.profiler.record_function(scope_name(primitive, backend)):
         yield
+    COUNTER.record(primitive, backend)
 
 
 def snapshot() -> dict[str, dict[str, int]]:
