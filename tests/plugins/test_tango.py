@@ -21,7 +21,7 @@ from qtrain.quant.cache import QuantCache
 dgl = import_dgl()
 from dgl.nn import GATConv, GCN2Conv, GraphConv, SAGEConv  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _graph(n: int = 40, e: int = 160, seed: int = 0, self_loops: bool = True) -> Any:
