@@ -223,14 +223,26 @@ def build_recipe(raw: Mapping[str, Any], name: str) -> Recipe:
     )
 
 
+# A recipe is a short TOML file; reading stops past this, so a device (/dev/zero) or an
+# endless pipe given as a recipe is refused instead of filling memory.
+MAX_RECIPE_BYTES = 1 << 20
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Parse a TOML file, turning I/O and syntax errors into one-line RecipeErrors."""
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(MAX_RECIPE_BYTES + 1)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise RecipeError(f"recipe {path} not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RecipeError(f"recipe {path} cannot be read: {exc}") from None
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(
+            f"recipe {path} is larger than {MAX_RECIPE_BYTES // 2**20} MiB; a recipe is a short "
+            "TOML file"
+        )
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

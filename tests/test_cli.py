@@ -135,6 +135,22 @@ def test_missing_recipe_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "recipe nothere.toml not found" in result.stderr
 
 
+@pytest.mark.parametrize("source", ["/dev/zero", "big", "directory"])
+def test_a_recipe_that_is_no_short_file_is_refused(tmp_path: Path, source: str) -> None:
+    """/dev/zero was read until memory ran out; a device or huge file is not a recipe."""
+    path = Path(source)
+    if source == "big":
+        path = tmp_path / "big.toml"
+        path.write_text("# padding\n" * 120_000)  # 1.2 MB of valid TOML
+    elif source == "directory":
+        path = tmp_path
+    result = runner.invoke(app, ["run", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qtrain: error: recipe "), result.stderr
+    assert ("larger than 1 MiB" in lines[0]) != (source == "directory")
+
+
 def test_debug_shows_the_traceback(tiny_recipe: Path) -> None:
     result = runner.invoke(app, ["run", str(tiny_recipe), "--debug", "--set", "model.name=resnet"])
     assert result.exit_code != 0
