@@ -57,7 +57,7 @@ struct SpmmArgs {
   const void* indices;
   const void* eids;  // null: entry k uses weight row k
   const int8_t* q;
-  const float* w;  // null: copy form
+  const float* w;  // weighted form only (null when weight has no elements)
   float* out;
   int64_t nnz;
   int64_t n_in;  // rows of q
@@ -67,6 +67,7 @@ struct SpmmArgs {
   int64_t D;
   int64_t Hw;  // weights per edge: 1 or H
   float scale;
+  bool weighted;  // false: copy form
 };
 
 // ---------------------------------------------------------------- kernel bodies
@@ -249,13 +250,13 @@ QT_ALWAYS_INLINE bool rows_body(const SpmmArgs& a, int64_t r0, int64_t r1) {
     const int64_t e = static_cast<int64_t>(ip[r + 1]);
     float* o = a.out + r * F;
     bool ok = row_in_range(ix, b, e, a.n_in);
-    if (a.w != nullptr && ex != nullptr) ok &= row_in_range(ex, b, e, a.n_w);
+    if (a.weighted && ex != nullptr) ok &= row_in_range(ex, b, e, a.n_w);
     if (!ok) {
       for (int64_t f = 0; f < F; ++f) o[f] = 0.0f;
       all_ok = false;
       continue;
     }
-    if (a.w == nullptr) {
+    if (!a.weighted) {
       if (e - b > sparse::kMaxDegreeInt32) {
         copy_row_wide(ix, b, e, a.q, F, a.scale, o);
         continue;
@@ -377,6 +378,7 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   a.D = D;
   a.Hw = Hw;
   a.scale = static_cast<float>(scale);
+  a.weighted = weighted;
 
   const Kernels& K = kernels();
   const auto run = wide ? K.rows_i64 : K.rows_i32;

@@ -323,7 +323,7 @@ def test_errors(device: str) -> None:
             ),
             _case(
                 "q without rows",
-                "ops.qsddmm('add', q[:0], 1.0, idx, q, 1.0, idx)",
+                "ops.qsddmm('add', torch.ones(0, 4, dtype=torch.int8, device=dev), 1.0, idx, q, 1.0, idx)",
                 "ValueError",
                 r"outside \[0, 0\)",
             ),

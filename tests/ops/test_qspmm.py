@@ -446,7 +446,7 @@ def test_errors(device: str) -> None:
             ),
             _case(
                 "index, q without rows",
-                "ops.qspmm(ip, ix, q[:0], 1.0)",
+                "ops.qspmm(ip, ix, torch.ones(0, 4, dtype=torch.int8, device=dev), 1.0)",
                 "ValueError",
                 r"outside \[0, 0\)",
             ),
@@ -470,7 +470,7 @@ def test_errors(device: str) -> None:
             ),
             _case(
                 "eid, weight without rows",
-                "ops.qspmm(ip, ix, q, 1.0, w[:0], ix)",
+                "ops.qspmm(ip, ix, q, 1.0, torch.ones(0, device=dev), ix)",
                 "ValueError",
                 r"eids outside \[0, 0\)",
             ),
