@@ -97,7 +97,7 @@ def _check_device(fn: str, name: str, t: torch.Tensor, first: str, like: torch.T
         raise ValueError(f"{fn}: {name} is on {t.device} but {first} is on {like.device}")
 
 
-def _check_in_range(t: torch.Tensor, n: int) -> bool:
+def _in_range(t: torch.Tensor, n: int) -> bool:
     """Every entry of the index tensor ``t`` is in [0, n) (reads the data)."""
     return t.numel() == 0 or bool(((t >= 0) & (t < n)).all())
 
@@ -133,7 +133,7 @@ def _check_weight(
         )
 
 
-def check_qspmm_args(
+def _check_qspmm(
     indptr: torch.Tensor,
     indices: torch.Tensor,
     q: torch.Tensor,
@@ -159,17 +159,15 @@ def check_qspmm_args(
         heads = q.shape[1] if q.dim() == 3 else 1
         _check_weight(fn, weight, heads, nnz, eids is not None, indptr)
     _check_indptr(fn, indptr, nnz)
-    bad_eids = (
-        weight is not None and eids is not None and not _check_in_range(eids, weight.shape[0])
-    )
-    if not _check_in_range(indices, q.shape[0]) or bad_eids:
+    bad_eids = weight is not None and eids is not None and not _in_range(eids, weight.shape[0])
+    if not _in_range(indices, q.shape[0]) or bad_eids:
         where = f" or of eids outside [0, {weight.shape[0]}) (rows of weight)" if bad_eids else ""
         raise ValueError(
             f"{fn}: an entry of indices is outside [0, {q.shape[0]}) (rows of q){where}"
         )
 
 
-def check_qsddmm_args(
+def _check_qsddmm(
     op: str,
     q_lhs: torch.Tensor,
     lhs_index: torch.Tensor,
@@ -196,9 +194,7 @@ def check_qsddmm_args(
         raise ValueError(
             f"{fn}: lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
         )
-    if not (
-        _check_in_range(lhs_index, q_lhs.shape[0]) and _check_in_range(rhs_index, q_rhs.shape[0])
-    ):
+    if not (_in_range(lhs_index, q_lhs.shape[0]) and _in_range(rhs_index, q_rhs.shape[0])):
         raise ValueError(
             f"{fn}: an entry of lhs_index is outside [0, {q_lhs.shape[0]}) (rows of q_lhs) "
             f"or of rhs_index outside [0, {q_rhs.shape[0]}) (rows of q_rhs)"
@@ -227,7 +223,7 @@ def reference_qspmm(
     eids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pure-PyTorch definition of :func:`qspmm` (it checks its arguments as the op does)."""
-    check_qspmm_args(indptr, indices, q, weight, eids)
+    _check_qspmm(indptr, indices, q, weight, eids)
     rows = indptr.numel() - 1
     q3 = q if q.dim() == 3 else q[:, None, :]
     heads, width = q3.shape[1], q3.shape[2]
@@ -294,7 +290,7 @@ def reference_qsddmm(
     rhs_index: torch.Tensor,
 ) -> torch.Tensor:
     """The pure-PyTorch definition of :func:`qsddmm` (it checks its arguments as the op does)."""
-    check_qsddmm_args(op, q_lhs, lhs_index, q_rhs, rhs_index)
+    _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)
     a = q_lhs[lhs_index.to(torch.int64)]
     b = q_rhs[rhs_index.to(torch.int64)]
     sl = torch.as_tensor(scale_lhs, dtype=torch.float32, device=a.device).reshape(())

@@ -55,6 +55,8 @@ def test_copy_matches_reference(device: str, dtype: torch.dtype, heads: int, kin
     ip, ix = _on(device, indptr, indices)
     for i, width in enumerate(SPMM_WIDTHS):
         q, scale = quantized(q_shape(47, heads, width), bits=2 + i % 7, seed=i)
+        if i % 2:  # the whole int8 range, -128 included
+            q = torch.randint(-128, 128, q.shape, generator=gen(i), dtype=torch.int8)
         want = reference_qspmm(indptr, indices, q, scale)
         qd = q.to(device)
         for variant in variants(device):
