@@ -1,4 +1,4 @@
-// Helpers shared by the sparse kernels (spmm_cpu.cpp, sddmm_cpu.cpp).
+// Helpers shared by the sparse CPU kernels (qspmm_kernel.cpp, qsddmm_kernel.cpp).
 //
 // The vector types are GCC/Clang generic vectors: one source, which each ISA
 // wrapper (QT_TARGET_AVX512 / QT_TARGET_AVX2 / none) lowers to its own
@@ -7,24 +7,13 @@
 // so every variant gives the same bits.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
-
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 
-#include "cpu_isa.h"
-#include "cpu_mem.h"
-#include "cpu_threads.h"
+#include "cpu/isa.h"
 
 #if QT_X86_DISPATCH
 #include <immintrin.h>
-#endif
-
-#ifdef _OPENMP
-#include <omp.h>
 #endif
 
 // On an ISA wrapper: inline every call below it (see Lanes).
@@ -98,32 +87,6 @@ struct Lanes<isa::kAvx512> {
 
 // Largest row degree whose int8 sum always fits in int32 (127 * d < 2^31, -128 too).
 constexpr int64_t kMaxDegreeInt32 = (int64_t{1} << 31) / 128 - 1;
-
-inline void check_cpu_dense(const char* fn, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.device().is_cpu(), fn, ": ", name, " must be a CPU tensor, got device ",
-                    t.device());
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, fn, ": ", name,
-                    " must be a dense (strided) tensor");
-}
-
-// A 1-d int32/int64 CPU index tensor, made contiguous.
-inline at::Tensor index_arg(const char* fn, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, fn, ": ", name,
-                   " must be int32 or int64, got ", t.scalar_type());
-  check_cpu_dense(fn, name, t);
-  TORCH_CHECK_VALUE(t.dim() == 1, fn, ": ", name, " must be 1-d, got shape ", t.sizes());
-  return t.contiguous();
-}
-
-// An int8 [N, D] or [N, H, D] CPU tensor, made contiguous.
-inline at::Tensor q_arg(const char* fn, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kChar, fn, ": ", name, " must be int8, got ",
-                   t.scalar_type());
-  check_cpu_dense(fn, name, t);
-  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, fn, ": ", name,
-                    " must have shape [N, D] or [N, H, D], got ", t.sizes());
-  return t.contiguous();
-}
 
 }  // namespace sparse
 }  // namespace qtrain

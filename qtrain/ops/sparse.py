@@ -33,6 +33,14 @@ SDDMM (``qsddmm``), for each edge ``e``: ``i = lhs_index[e]``, ``j = rhs_index[e
 sub and mul give ``[E, *trailing]``, dot gives ``[E, 1]`` or ``[E, H, 1]``.
 All SDDMM forms are exact integer or elementwise float32 operations, so every
 backend agrees bit for bit.
+
+The compiled backends are the ops ``torch.ops.qtrain.qspmm`` and
+``torch.ops.qtrain.qsddmm`` (one call for both devices: the dispatcher routes by
+the tensors' device). Their C++ front checks dtypes, shapes and devices without
+reading data, and the kernels refuse what only the data shows (a malformed
+``indptr``, an index out of range), so the compiled path never waits for the GPU
+to validate. The references check the same things themselves and refuse the
+same inputs with the same Python exceptions.
 """
 
 from __future__ import annotations
@@ -46,46 +54,163 @@ SPMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends imp
 SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qsddmm
 SDDMM_OPS = ("add", "sub", "mul", "dot")
 
+# ---------------------------------------------------------------- the references' checks
+#
+# The same checks as the ops' C++ fronts (ext/ops/qspmm.cpp, ext/ops/qsddmm.cpp) and
+# kernels, with the same exception types, made only on the reference path: the value
+# checks read the data (a host sync on CUDA), which the compiled path leaves to its
+# kernels.
 
-def _check_index(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-        raise TypeError(
-            f"{name} must be a 1-d int32 or int64 tensor, got {getattr(t, 'dtype', t)!r}"
-        )
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
-def _check_indptr(indptr: torch.Tensor, nnz: int) -> None:
+def _check_dense(fn: str, name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{fn}: {name} must be a dense (strided) tensor, got layout {t.layout}")
+    return t
+
+
+def _check_index(fn: str, name: str, t: object) -> None:
+    """A dense 1-d int32 or int64 tensor."""
+    t = _check_dense(fn, name, t)
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{fn}: {name} must be int32 or int64, got {_dtype_name(t.dtype)}")
+    if t.dim() != 1:
+        raise ValueError(f"{fn}: {name} must be 1-d, got shape {list(t.shape)}")
+
+
+def _check_q(fn: str, name: str, q: object) -> None:
+    """Dense int8 rows [N, D] or [N, H, D]."""
+    q = _check_dense(fn, name, q)
+    if q.dtype != torch.int8:
+        raise TypeError(f"{fn}: {name} must be int8, got {_dtype_name(q.dtype)}")
+    if q.dim() not in (2, 3):
+        raise ValueError(f"{fn}: {name} must have shape [N, D] or [N, H, D], got {list(q.shape)}")
+
+
+def _check_device(fn: str, name: str, t: torch.Tensor, first: str, like: torch.Tensor) -> None:
+    if t.device != like.device:
+        raise ValueError(f"{fn}: {name} is on {t.device} but {first} is on {like.device}")
+
+
+def _in_range(t: torch.Tensor, n: int) -> bool:
+    """Every entry of the index tensor ``t`` is in [0, n) (reads the data)."""
+    return t.numel() == 0 or bool(((t >= 0) & (t < n)).all())
+
+
+def _check_indptr(fn: str, indptr: torch.Tensor, nnz: int) -> None:
     """CSR row pointers: start at 0, never decrease, end at the number of entries."""
     first, last = int(indptr[0]), int(indptr[-1])
-    if first != 0 or last != nnz:
-        raise ValueError(
-            f"indptr must start at 0 and end at the number of entries ({nnz}), "
-            f"got indptr[0]={first}, indptr[-1]={last}"
-        )
+    if first != 0:
+        raise ValueError(f"{fn}: indptr[0] must be 0, got {first}")
+    if last != nnz:
+        raise ValueError(f"{fn}: indptr[-1] must equal the number of entries ({nnz}), got {last}")
     if indptr.numel() > 1 and bool((indptr[1:] < indptr[:-1]).any()):
-        raise ValueError("indptr must be non-decreasing")
+        raise ValueError(f"{fn}: indptr must be non-decreasing")
 
 
-def _check_q(name: str, q: torch.Tensor) -> None:
-    if not isinstance(q, torch.Tensor) or q.dtype != torch.int8 or q.dim() not in (2, 3):
-        raise TypeError(
-            f"{name} must be an int8 tensor of shape [N, D] or [N, H, D], got "
-            f"{getattr(q, 'dtype', type(q).__name__)} {tuple(getattr(q, 'shape', ()))}"
+def _check_weight(
+    fn: str, weight: object, heads: int, nnz: int, has_eids: bool, like: torch.Tensor
+) -> None:
+    w = _check_dense(fn, "weight", weight)
+    _check_device(fn, "weight", w, "indptr", like)
+    if w.is_complex() or w.dtype == torch.bool:
+        raise TypeError(f"{fn}: weight must be a real (float32) tensor, got {_dtype_name(w.dtype)}")
+    per_edge = w.shape[1] if w.dim() >= 2 else 1
+    shape_ok = w.dim() in (1, 2) or (w.dim() == 3 and w.shape[2] == 1)
+    if not shape_ok or per_edge not in (1, heads):
+        raise ValueError(
+            f"{fn}: weight must have shape [E], [E, 1], [E, {heads}] or [E, {heads}, 1], "
+            f"got {list(w.shape)}"
+        )
+    if not has_eids and w.shape[0] < nnz:
+        raise ValueError(
+            f"{fn}: weight has {w.shape[0]} rows but there are {nnz} entries and no eids"
         )
 
 
-def _heads_weight(weight: torch.Tensor, heads: int, nnz_rows: int) -> torch.Tensor:
-    """weight as float32 [E, H] (a per-edge scalar is broadcast to every head)."""
+def _check_qspmm(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    q: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eids: torch.Tensor | None = None,
+) -> None:
+    """What ``torch.ops.qtrain.qspmm`` refuses (front and kernels), refused the same way."""
+    fn = "qspmm"
+    _check_index(fn, "indptr", indptr)
+    _check_index(fn, "indices", indices)
+    _check_device(fn, "indices", indices, "indptr", indptr)
+    _check_q(fn, "q", q)
+    _check_device(fn, "q", q, "indptr", indptr)
+    if indptr.numel() < 1:
+        raise ValueError(f"{fn}: indptr needs at least one entry (rows + 1)")
+    nnz = indices.numel()
+    if eids is not None:
+        _check_index(fn, "eids", eids)
+        _check_device(fn, "eids", eids, "indptr", indptr)
+        if eids.numel() != nnz:
+            raise ValueError(f"{fn}: eids has {eids.numel()} entries, indices {nnz}")
+    if weight is not None:
+        heads = q.shape[1] if q.dim() == 3 else 1
+        _check_weight(fn, weight, heads, nnz, eids is not None, indptr)
+    _check_indptr(fn, indptr, nnz)
+    bad_eids = weight is not None and eids is not None and not _in_range(eids, weight.shape[0])
+    if not _in_range(indices, q.shape[0]) or bad_eids:
+        where = f" or of eids outside [0, {weight.shape[0]}) (rows of weight)" if bad_eids else ""
+        raise ValueError(
+            f"{fn}: an entry of indices is outside [0, {q.shape[0]}) (rows of q){where}"
+        )
+
+
+def _check_qsddmm(
+    op: str,
+    q_lhs: torch.Tensor,
+    lhs_index: torch.Tensor,
+    q_rhs: torch.Tensor,
+    rhs_index: torch.Tensor,
+) -> None:
+    """What ``torch.ops.qtrain.qsddmm`` refuses (front and kernels), refused the same way."""
+    fn = "qsddmm"
+    if op not in SDDMM_OPS:
+        raise ValueError(f"{fn}: op must be one of {', '.join(map(repr, SDDMM_OPS))}, got {op!r}")
+    _check_q(fn, "q_lhs", q_lhs)
+    _check_q(fn, "q_rhs", q_rhs)
+    _check_device(fn, "q_rhs", q_rhs, "q_lhs", q_lhs)
+    _check_index(fn, "lhs_index", lhs_index)
+    _check_device(fn, "lhs_index", lhs_index, "q_lhs", q_lhs)
+    _check_index(fn, "rhs_index", rhs_index)
+    _check_device(fn, "rhs_index", rhs_index, "q_lhs", q_lhs)
+    if q_lhs.shape[1:] != q_rhs.shape[1:]:
+        raise ValueError(
+            f"{fn}: q_lhs and q_rhs need the same trailing shape, got {list(q_lhs.shape)} "
+            f"and {list(q_rhs.shape)}"
+        )
+    if lhs_index.numel() != rhs_index.numel():
+        raise ValueError(
+            f"{fn}: lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
+        )
+    if not (_in_range(lhs_index, q_lhs.shape[0]) and _in_range(rhs_index, q_rhs.shape[0])):
+        raise ValueError(
+            f"{fn}: an entry of lhs_index is outside [0, {q_lhs.shape[0]}) (rows of q_lhs) "
+            f"or of rhs_index outside [0, {q_rhs.shape[0]}) (rows of q_rhs)"
+        )
+
+
+# ---------------------------------------------------------------- SpMM
+
+
+def _heads_weight(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """weight (a checked shape) as float32 [E, H] (a per-edge scalar is broadcast to every head)."""
     w = weight.to(torch.float32)
-    if w.dim() == 3 and w.shape[2] == 1:
+    if w.dim() == 3:
         w = w[:, :, 0]
     if w.dim() == 1:
         w = w[:, None]
-    if w.dim() != 2 or w.shape[1] not in (1, heads):
-        raise ValueError(
-            f"weight must have shape [E], [E, 1], [E, {heads}] or [E, {heads}, 1], "
-            f"got {tuple(weight.shape)}"
-        )
     return w.expand(w.shape[0], heads) if w.shape[1] != heads else w
 
 
@@ -97,7 +222,8 @@ def reference_qspmm(
     weight: torch.Tensor | None = None,
     eids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The pure-PyTorch definition of :func:`qspmm`."""
+    """The pure-PyTorch definition of :func:`qspmm` (it checks its arguments as the op does)."""
+    _check_qspmm(indptr, indices, q, weight, eids)
     rows = indptr.numel() - 1
     q3 = q if q.dim() == 3 else q[:, None, :]
     heads, width = q3.shape[1], q3.shape[2]
@@ -110,8 +236,12 @@ def reference_qspmm(
         acc.index_add_(0, row_of, gathered.to(torch.int64))
         out = acc.to(torch.float32) * scale_t
     else:
-        w = _heads_weight(weight, heads, indices.numel())
-        e = eids.to(torch.int64) if eids is not None else torch.arange(indices.numel())
+        w = _heads_weight(weight, heads)
+        e = (
+            eids.to(torch.int64)
+            if eids is not None
+            else torch.arange(indices.numel(), device=q.device)
+        )
         contrib = w[e][:, :, None] * gathered.to(torch.float32)
         acc = torch.zeros((rows, heads, width), dtype=torch.float32, device=q.device)
         acc.index_add_(0, row_of, contrib)
@@ -129,31 +259,11 @@ def qspmm(
     backend: str = "auto",
 ) -> torch.Tensor:
     """Sum (optionally edge-weighted) of quantized input rows into each output row; see module doc."""
-    _check_index("indptr", indptr)
-    _check_index("indices", indices)
-    _check_q("q", q)
-    if eids is not None:
-        _check_index("eids", eids)
-        if eids.numel() != indices.numel():
-            raise ValueError(f"eids has {eids.numel()} entries, indices {indices.numel()}")
-    if indptr.numel() < 1:
-        raise ValueError("indptr needs at least one entry (rows + 1)")
-    _check_indptr(indptr, indices.numel())
-    if weight is not None:
-        _heads_weight(weight, q.shape[1] if q.dim() == 3 else 1, indices.numel())
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
     with dispatch.call("spmm", chosen):
-        if chosen == "ext-cpu":
-            from qtrain import backends
-
-            out = backends.ext_cpu().qspmm(indptr, indices, q, float(scale), weight, eids)
-        elif chosen == "ext-cuda":
-            from qtrain import backends
-
-            out = backends.ext_cuda().qspmm(indptr, indices, q, float(scale), weight, eids)
-        else:
-            out = reference_qspmm(indptr, indices, q, scale, weight, eids)
-    return out
+        if chosen == "reference":
+            return reference_qspmm(indptr, indices, q, scale, weight, eids)
+        return torch.ops.qtrain.qspmm(indptr, indices, q, float(scale), weight, eids)
 
 
 def qspmm_incidence(
@@ -167,6 +277,9 @@ def qspmm_incidence(
     return qspmm(indptr, eids, q_edges, scale, backend=backend)
 
 
+# ---------------------------------------------------------------- SDDMM
+
+
 def reference_qsddmm(
     op: str,
     q_lhs: torch.Tensor,
@@ -176,16 +289,17 @@ def reference_qsddmm(
     scale_rhs: torch.Tensor | float,
     rhs_index: torch.Tensor,
 ) -> torch.Tensor:
-    """The pure-PyTorch definition of :func:`qsddmm`."""
+    """The pure-PyTorch definition of :func:`qsddmm` (it checks its arguments as the op does)."""
+    _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)
     a = q_lhs[lhs_index.to(torch.int64)]
     b = q_rhs[rhs_index.to(torch.int64)]
-    sl = torch.as_tensor(scale_lhs, dtype=torch.float32).reshape(())
-    sr = torch.as_tensor(scale_rhs, dtype=torch.float32).reshape(())
+    sl = torch.as_tensor(scale_lhs, dtype=torch.float32, device=a.device).reshape(())
+    sr = torch.as_tensor(scale_rhs, dtype=torch.float32, device=a.device).reshape(())
     if op in ("add", "sub"):
         da = a.to(torch.float32) * sl
         db = b.to(torch.float32) * sr
         return da + db if op == "add" else da - db
-    both = torch.tensor(combined_scale(sl, sr), dtype=torch.float32)
+    both = torch.tensor(combined_scale(sl, sr), dtype=torch.float32, device=a.device)
     prod = a.to(torch.int32) * b.to(torch.int32)
     if op == "mul":
         return prod.to(torch.float32) * both
@@ -203,35 +317,10 @@ def qsddmm(
     backend: str = "auto",
 ) -> torch.Tensor:
     """Per-edge op on a gathered pair of quantized rows; see the module docstring."""
-    if op not in SDDMM_OPS:
-        raise ValueError(f"op must be one of {', '.join(map(repr, SDDMM_OPS))}, got {op!r}")
-    _check_q("q_lhs", q_lhs)
-    _check_q("q_rhs", q_rhs)
-    _check_index("lhs_index", lhs_index)
-    _check_index("rhs_index", rhs_index)
-    if q_lhs.shape[1:] != q_rhs.shape[1:]:
-        raise ValueError(
-            f"q_lhs and q_rhs need the same trailing shape, got {tuple(q_lhs.shape[1:])} "
-            f"and {tuple(q_rhs.shape[1:])}"
-        )
-    if lhs_index.numel() != rhs_index.numel():
-        raise ValueError(
-            f"lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
-        )
     chosen = dispatch.resolve("sddmm", q_lhs, backend, kernels=SDDMM_KERNELS)
     with dispatch.call("sddmm", chosen):
-        if chosen == "ext-cpu":
-            from qtrain import backends
-
-            out = backends.ext_cpu().qsddmm(
-                op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
-            )
-        elif chosen == "ext-cuda":
-            from qtrain import backends
-
-            out = backends.ext_cuda().qsddmm(
-                op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
-            )
-        else:
-            out = reference_qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index)
-    return out
+        if chosen == "reference":
+            return reference_qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index)
+        return torch.ops.qtrain.qsddmm(
+            op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
+        )

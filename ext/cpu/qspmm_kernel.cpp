@@ -1,5 +1,5 @@
-// Quantized SpMM on a CSR graph (tango-sc23 sec. 3.2-3.3); the definition is
-// qtrain/ops/sparse.py (reference_qspmm):
+// qspmm on the CPU (front: ops/qspmm.cpp): quantized SpMM on a CSR graph
+// (tango-sc23 sec. 3.2-3.3); the definition is qtrain/ops/sparse.py (reference_qspmm):
 //
 //   copy:      out[r] = fl32(float(sum_k q[indices[k]]) * scale)             exact integer sum
 //   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32, CSR order
@@ -14,22 +14,33 @@
 // row kPrefetch entries ahead prefetched. The copy form accumulates in int32
 // (int8 -> int32 widening adds), which is exact for rows of degree below
 // 2^31 / 128; longer rows take an int64 path.
+//
+// The front has checked dtypes, shapes and devices; what only the data shows is
+// refused here: indptr not 0 .. nnz and non-decreasing (checked before any thread
+// starts), an index outside q's rows or an eid outside weight's rows (found in the
+// row loop: the row is zeroed and the op raises after the loop).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "cpu_isa.h"
-#include "cpu_mem.h"
-#include "cpu_threads.h"
-#include "qtrain_ops.h"
-#include "sparse_common.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu/isa.h"
+#include "cpu/lanes.h"
+#include "cpu/mem.h"
+#include "cpu/threads.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -46,7 +57,7 @@ struct SpmmArgs {
   const void* indices;
   const void* eids;  // null: entry k uses weight row k
   const int8_t* q;
-  const float* w;  // null: copy form
+  const float* w;  // weighted form only (null when weight has no elements)
   float* out;
   int64_t nnz;
   int64_t n_in;  // rows of q
@@ -56,6 +67,7 @@ struct SpmmArgs {
   int64_t D;
   int64_t Hw;  // weights per edge: 1 or H
   float scale;
+  bool weighted;  // false: copy form
 };
 
 // ---------------------------------------------------------------- kernel bodies
@@ -238,13 +250,13 @@ QT_ALWAYS_INLINE bool rows_body(const SpmmArgs& a, int64_t r0, int64_t r1) {
     const int64_t e = static_cast<int64_t>(ip[r + 1]);
     float* o = a.out + r * F;
     bool ok = row_in_range(ix, b, e, a.n_in);
-    if (a.w != nullptr && ex != nullptr) ok &= row_in_range(ex, b, e, a.n_w);
+    if (a.weighted && ex != nullptr) ok &= row_in_range(ex, b, e, a.n_w);
     if (!ok) {
       for (int64_t f = 0; f < F; ++f) o[f] = 0.0f;
       all_ok = false;
       continue;
     }
-    if (a.w == nullptr) {
+    if (!a.weighted) {
       if (e - b > sparse::kMaxDegreeInt32) {
         copy_row_wide(ix, b, e, a.q, F, a.scale, o);
         continue;
@@ -308,34 +320,24 @@ void check_indptr(const char* fn, const I* ip, int64_t rows, int64_t nnz) {
                     "] < indptr[", bad, "]");
 }
 
-}  // namespace
-
 // ---------------------------------------------------------------- op
 
 at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, const at::Tensor& q_in,
                  double scale, const std::optional<at::Tensor>& weight_in,
                  const std::optional<at::Tensor>& eids_in) {
-  constexpr const char* fn = "qtrain._ext.qspmm";
-  at::Tensor indptr = sparse::index_arg(fn, "indptr", indptr_in);
-  at::Tensor indices = sparse::index_arg(fn, "indices", indices_in);
-  const at::Tensor q = sparse::q_arg(fn, "q", q_in);
+  constexpr const char* fn = "qtrain::qspmm";
+  const at::Tensor q = q_in.contiguous();
   const bool weighted = weight_in.has_value() && weight_in->defined();
   const bool has_eids = weighted && eids_in.has_value() && eids_in->defined();
-  at::Tensor eids;
-  if (eids_in.has_value() && eids_in->defined()) {
-    eids = sparse::index_arg(fn, "eids", *eids_in);
-    TORCH_CHECK_VALUE(eids.numel() == indices.numel(), fn, ": eids has ", eids.numel(),
-                      " entries, indices ", indices.numel());
-  }
-  TORCH_CHECK_VALUE(indptr.numel() >= 1, fn, ": indptr needs at least one entry (rows + 1)");
 
   // One index type for all three (mixed int32/int64 is promoted to int64).
-  const bool wide = indptr.scalar_type() == at::kLong || indices.scalar_type() == at::kLong ||
-                    (has_eids && eids.scalar_type() == at::kLong);
+  const bool wide = indptr_in.scalar_type() == at::kLong ||
+                    indices_in.scalar_type() == at::kLong ||
+                    (has_eids && eids_in->scalar_type() == at::kLong);
   const at::ScalarType it = wide ? at::kLong : at::kInt;
-  if (indptr.scalar_type() != it) indptr = indptr.to(it);
-  if (indices.scalar_type() != it) indices = indices.to(it);
-  if (has_eids && eids.scalar_type() != it) eids = eids.to(it);
+  const at::Tensor indptr = indptr_in.to(it).contiguous();
+  const at::Tensor indices = indices_in.to(it).contiguous();
+  const at::Tensor eids = has_eids ? eids_in->to(it).contiguous() : at::Tensor();
 
   const int64_t rows = indptr.numel() - 1;
   const int64_t nnz = indices.numel();
@@ -345,31 +347,20 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   at::Tensor w;
   int64_t Hw = 1;
   if (weighted) {
-    const at::Tensor& w_in = *weight_in;
-    sparse::check_cpu_dense(fn, "weight", w_in);
-    TORCH_CHECK_TYPE(!w_in.is_complex() && w_in.scalar_type() != at::kBool, fn,
-                     ": weight must be a real (float32) tensor, got ", w_in.scalar_type());
-    const bool shape_ok = (w_in.dim() == 1) || (w_in.dim() == 2) ||
-                          (w_in.dim() == 3 && w_in.size(2) == 1);
-    Hw = w_in.dim() == 1 ? 1 : w_in.size(1);
-    TORCH_CHECK_VALUE(shape_ok && (Hw == 1 || Hw == H), fn,
-                      ": weight must have shape [E], [E, 1], [E, ", H, "] or [E, ", H,
-                      ", 1], got ", w_in.sizes());
-    w = w_in.to(at::kFloat).contiguous();
-    TORCH_CHECK_VALUE(has_eids || w.size(0) >= nnz, fn, ": weight has ", w.size(0),
-                      " rows but there are ", nnz, " entries and no eids");
+    w = weight_in->to(at::kFloat).contiguous();
+    Hw = w.dim() == 1 ? 1 : w.size(1);
   }
 
   std::vector<int64_t> out_shape{rows, D};
   if (q.dim() == 3) out_shape = {rows, H, D};
   at::Tensor out = at::empty(out_shape, q.options().dtype(at::kFloat));
-  if (rows == 0) return out;
 
   if (wide) {
     check_indptr(fn, indptr.const_data_ptr<int64_t>(), rows, nnz);
   } else {
     check_indptr(fn, indptr.const_data_ptr<int32_t>(), rows, nnz);
   }
+  if (rows == 0) return out;
 
   SpmmArgs a{};
   a.indptr = indptr.const_data_ptr();
@@ -387,6 +378,7 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   a.D = D;
   a.Hw = Hw;
   a.scale = static_cast<float>(scale);
+  a.weighted = weighted;
 
   const Kernels& K = kernels();
   const auto run = wide ? K.rows_i64 : K.rows_i32;
@@ -408,4 +400,7 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   return out;
 }
 
+}  // namespace
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("qspmm", &qtrain::qspmm); }

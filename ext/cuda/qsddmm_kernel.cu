@@ -1,6 +1,6 @@
-// Quantized SDDMM on CUDA (tango-sc23 sec. 3.3); the definition is qtrain/ops/sparse.py
-// (reference_qsddmm), the CPU twin sddmm_cpu.cpp. For edge e, i = lhs_index[e],
-// j = rhs_index[e]:
+// qsddmm on CUDA (front: ops/qsddmm.cpp): quantized SDDMM (tango-sc23 sec. 3.3); the
+// definition is qtrain/ops/sparse.py (reference_qsddmm), the CPU twin
+// cpu/qsddmm_kernel.cpp. For edge e, i = lhs_index[e], j = rhs_index[e]:
 //
 //   add / sub: out[e] = fl32(q_l[i] * s_l) +/- fl32(q_r[j] * s_r)    dequantized on the fly
 //   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
@@ -15,15 +15,20 @@
 // lane multiplying 4 int8 pairs at a time with DP4A (__dp4a: exact int32 dot of four
 // signed bytes) and the group reducing with xor shuffles; int32 is exact while
 // D < 2^17, longer heads sum in int64. Narrow rows (GAT's per-head scalars) get
-// G = 1 or 2: a thread per edge. Out-of-range indices zero the edge's row and raise
-// a flag that the host turns into the CPU op's ValueError.
+// G = 1 or 2: a thread per edge. The front has checked dtypes, shapes and devices;
+// an index out of range, which only the data shows, zeroes the edge's row and raises
+// a device flag that the host reads back and turns into the CPU op's ValueError.
+// Edges whose output is empty (width 0) are checked too.
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
 
-#include <string>
+#include <type_traits>
 #include <vector>
 
-#include "tango_cuda.cuh"
+#include "cuda/common.cuh"
 
 namespace qtrain {
 namespace cuda {
@@ -154,7 +159,8 @@ __global__ void __launch_bounds__(kThreads) dot_kernel(SddmmArgs a) {
 
 unsigned blocks_for(int64_t groups, int G) {
   const int64_t blocks = (groups * G + kThreads - 1) / kThreads;
-  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qsddmm: too many edges");
+  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qtrain::qsddmm: too many edges (", groups,
+                    " groups)");
   return static_cast<unsigned>(blocks);
 }
 
@@ -184,6 +190,10 @@ void launch_g(int op, const SddmmArgs& a, cudaStream_t stream) {
 // add / sub / mul, one head for dot), a power of two up to 32.
 template <typename I>
 void launch(int op, const SddmmArgs& a, cudaStream_t stream) {
+  // an empty output (rows of width 0; dot: no heads) has nothing to compute, but its
+  // indices are checked all the same: the elementwise kernel over width 0 does that,
+  // writing nothing
+  if ((op == kDot ? a.H : a.F) == 0) return launch_g<I, 1>(kAdd, a, stream);
   const int64_t width = op == kDot ? a.D : a.F;
   const int64_t chunks = (width + 3) / 4;
   if (chunks <= 1) return launch_g<I, 1>(op, a, stream);
@@ -194,41 +204,30 @@ void launch(int op, const SddmmArgs& a, cudaStream_t stream) {
   return launch_g<I, 32>(op, a, stream);
 }
 
-int parse_op(const char* fn, const std::string& op) {
-  if (op == "add") return kAdd;
-  if (op == "sub") return kSub;
-  if (op == "mul") return kMul;
-  if (op == "dot") return kDot;
-  TORCH_CHECK_VALUE(false, fn, ": op must be one of 'add', 'sub', 'mul', 'dot', got '", op, "'");
-  return -1;
+// The op name as a kernel selector (the front has refused any other name).
+int op_code(c10::string_view op) {
+  if (op == c10::string_view("add")) return kAdd;
+  if (op == c10::string_view("sub")) return kSub;
+  if (op == c10::string_view("mul")) return kMul;
+  TORCH_INTERNAL_ASSERT(op == c10::string_view("dot"), "qtrain::qsddmm: op '", op,
+                        "' passed the front");
+  return kDot;
 }
 
-}  // namespace
-
-at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double scale_lhs,
+at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,
                   const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
                   const at::Tensor& rhs_index_in) {
-  constexpr const char* fn = "qtrain._ext_cuda.qsddmm";
-  const int op = parse_op(fn, op_name);
-  const at::Tensor ql = q_arg(fn, "q_lhs", q_lhs_in);
-  const at::Tensor qr = q_arg(fn, "q_rhs", q_rhs_in);
-  at::Tensor li = index_arg(fn, "lhs_index", lhs_index_in);
-  at::Tensor ri = index_arg(fn, "rhs_index", rhs_index_in);
-  const at::Device dev = ql.device();
-  check_same_device(fn, "q_rhs", qr, dev);
-  check_same_device(fn, "lhs_index", li, dev);
-  check_same_device(fn, "rhs_index", ri, dev);
-  TORCH_CHECK_VALUE(ql.sizes().slice(1) == qr.sizes().slice(1), fn,
-                    ": q_lhs and q_rhs need the same trailing shape, got ", ql.sizes(), " and ",
-                    qr.sizes());
-  TORCH_CHECK_VALUE(li.numel() == ri.numel(), fn, ": lhs_index has ", li.numel(),
-                    " entries, rhs_index ", ri.numel());
-  const c10::cuda::CUDAGuard guard(dev);
-  const bool wide = li.scalar_type() == at::kLong || ri.scalar_type() == at::kLong;
-  if (wide) {
-    li = li.to(at::kLong);
-    ri = ri.to(at::kLong);
-  }
+  constexpr const char* fn = "qtrain::qsddmm";
+  const c10::cuda::CUDAGuard guard(q_lhs_in.device());
+  const int op = op_code(op_name);
+  const at::Tensor ql = q_lhs_in.contiguous();
+  const at::Tensor qr = q_rhs_in.contiguous();
+  // one index type for both (mixed int32 / int64 is promoted to int64)
+  const bool wide =
+      lhs_index_in.scalar_type() == at::kLong || rhs_index_in.scalar_type() == at::kLong;
+  const at::ScalarType it = wide ? at::kLong : at::kInt;
+  const at::Tensor li = lhs_index_in.to(it).contiguous();
+  const at::Tensor ri = rhs_index_in.to(it).contiguous();
 
   const int64_t E = li.numel();
   const int64_t H = ql.dim() == 3 ? ql.size(1) : 1;
@@ -237,7 +236,7 @@ at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double
   if (ql.dim() == 3) shape.push_back(H);
   shape.push_back(op == kDot ? 1 : D);
   at::Tensor out = at::empty(shape, ql.options().dtype(at::kFloat));
-  if (E == 0 || out.numel() == 0) return out;
+  if (E == 0) return out;
 
   at::Tensor flag = at::zeros({1}, ql.options().dtype(at::kInt));
   SddmmArgs a{};
@@ -271,5 +270,8 @@ at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double
   return out;
 }
 
+}  // namespace
 }  // namespace cuda
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CUDA, m) { m.impl("qsddmm", &qtrain::cuda::qsddmm); }

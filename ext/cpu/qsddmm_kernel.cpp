@@ -1,5 +1,6 @@
-// Quantized SDDMM (tango-sc23 sec. 3.3); the definition is qtrain/ops/sparse.py
-// (reference_qsddmm). For edge e, i = lhs_index[e], j = rhs_index[e]:
+// qsddmm on the CPU (front: ops/qsddmm.cpp): quantized SDDMM (tango-sc23 sec. 3.3);
+// the definition is qtrain/ops/sparse.py (reference_qsddmm). For edge e,
+// i = lhs_index[e], j = rhs_index[e]:
 //
 //   add / sub: out[e] = fl32(q_l[i] * s_l) +/- fl32(q_r[j] * s_r)
 //   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
@@ -11,22 +12,30 @@
 // gathered one vector register of int8 lanes at a time and widened to int32 (products of two int8
 // are exact in int32, and so is a dot of up to 2^31 / 128^2 lanes, which
 // longer rows split into int64 partial sums); narrow rows (GAT's per-head
-// scalars, [N, H, 1]) use width-specialised loops.
+// scalars, [N, H, 1]) use width-specialised loops. The front has checked dtypes,
+// shapes and devices; an index outside its operand's rows, which only the data
+// shows, is found in the edge loop (the edge's row is zeroed and the op raises
+// after the loop).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <string>
-#include <utility>
+#include <cstring>
 #include <vector>
 
-#include "cpu_isa.h"
-#include "cpu_mem.h"
-#include "cpu_threads.h"
-#include "qtrain_ops.h"
-#include "sparse_common.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "cpu/isa.h"
+#include "cpu/lanes.h"
+#include "cpu/mem.h"
+#include "cpu/threads.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -297,38 +306,31 @@ QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512)
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
-int parse_op(const char* fn, const std::string& op) {
-  if (op == "add") return kAdd;
-  if (op == "sub") return kSub;
-  if (op == "mul") return kMul;
-  if (op == "dot") return kDot;
-  TORCH_CHECK_VALUE(false, fn, ": op must be one of 'add', 'sub', 'mul', 'dot', got '", op, "'");
-  return -1;
+// The op name as a kernel selector (the front has refused any other name).
+int op_code(c10::string_view op) {
+  if (op == c10::string_view("add")) return kAdd;
+  if (op == c10::string_view("sub")) return kSub;
+  if (op == c10::string_view("mul")) return kMul;
+  TORCH_INTERNAL_ASSERT(op == c10::string_view("dot"), "qtrain::qsddmm: op '", op,
+                        "' passed the front");
+  return kDot;
 }
-
-}  // namespace
 
 // ---------------------------------------------------------------- op
 
-at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double scale_lhs,
+at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,
                   const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
                   const at::Tensor& rhs_index_in) {
-  constexpr const char* fn = "qtrain._ext.qsddmm";
-  const int op = parse_op(fn, op_name);
-  const at::Tensor ql = sparse::q_arg(fn, "q_lhs", q_lhs_in);
-  const at::Tensor qr = sparse::q_arg(fn, "q_rhs", q_rhs_in);
-  at::Tensor li = sparse::index_arg(fn, "lhs_index", lhs_index_in);
-  at::Tensor ri = sparse::index_arg(fn, "rhs_index", rhs_index_in);
-  TORCH_CHECK_VALUE(ql.sizes().slice(1) == qr.sizes().slice(1), fn,
-                    ": q_lhs and q_rhs need the same trailing shape, got ", ql.sizes(), " and ",
-                    qr.sizes());
-  TORCH_CHECK_VALUE(li.numel() == ri.numel(), fn, ": lhs_index has ", li.numel(),
-                    " entries, rhs_index ", ri.numel());
-  const bool wide = li.scalar_type() == at::kLong || ri.scalar_type() == at::kLong;
-  if (wide) {
-    li = li.to(at::kLong);
-    ri = ri.to(at::kLong);
-  }
+  constexpr const char* fn = "qtrain::qsddmm";
+  const int op = op_code(op_name);
+  const at::Tensor ql = q_lhs_in.contiguous();
+  const at::Tensor qr = q_rhs_in.contiguous();
+  // one index type for both (mixed int32 / int64 is promoted to int64)
+  const bool wide =
+      lhs_index_in.scalar_type() == at::kLong || rhs_index_in.scalar_type() == at::kLong;
+  const at::ScalarType it = wide ? at::kLong : at::kInt;
+  const at::Tensor li = lhs_index_in.to(it).contiguous();
+  const at::Tensor ri = rhs_index_in.to(it).contiguous();
 
   const int64_t E = li.numel();
   const int64_t H = ql.dim() == 3 ? ql.size(1) : 1;
@@ -337,7 +339,8 @@ at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double
   if (ql.dim() == 3) shape.push_back(H);
   shape.push_back(op == kDot ? 1 : D);
   at::Tensor out = at::empty(shape, ql.options().dtype(at::kFloat));
-  if (E == 0 || out.numel() == 0) return out;
+  // an empty output still has its indices checked (the edge loop writes nothing)
+  if (E == 0) return out;
 
   SddmmArgs a{};
   a.li = li.const_data_ptr();
@@ -381,4 +384,7 @@ at::Tensor qsddmm(const std::string& op_name, const at::Tensor& q_lhs_in, double
   return out;
 }
 
+}  // namespace
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("qsddmm", &qtrain::qsddmm); }

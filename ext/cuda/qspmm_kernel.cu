@@ -1,5 +1,6 @@
-// Quantized SpMM on a CSR graph on CUDA (tango-sc23 sec. 3.2-3.3); the definition is
-// qtrain/ops/sparse.py (reference_qspmm), the CPU twin spmm_cpu.cpp:
+// qspmm on CUDA (front: ops/qspmm.cpp): quantized SpMM on a CSR graph (tango-sc23
+// sec. 3.2-3.3); the definition is qtrain/ops/sparse.py (reference_qspmm), the CPU twin
+// cpu/qspmm_kernel.cpp:
 //
 //   copy:      out[r] = fl32(float(sum_k q[indices[k]]) * scale)             exact integer sum
 //   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32, CSR order
@@ -16,16 +17,22 @@
 // weights ([E, H]: the per-head split) pick the weight by the chunk's head.
 //
 // Copy sums accumulate in int32 (exact below degree 2^31 / 128); longer rows switch
-// to int64. Malformed input (indptr not 0 .. nnz and non-decreasing, an index out
-// of range) zeroes the affected rows and raises a flag that the host turns into
-// the CPU op's ValueError after the launch.
+// to int64. The front has checked dtypes, shapes and devices; what only the data
+// shows (indptr not 0 .. nnz and non-decreasing, an index out of range) zeroes the
+// affected rows and raises a device flag that the host reads back after the launch
+// and turns into the CPU op's ValueError. Rows of width 0 and graphs without rows are
+// checked too (their launches write nothing).
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <torch/library.h>
 
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "tango_cuda.cuh"
+#include "cuda/common.cuh"
 
 namespace qtrain {
 namespace cuda {
@@ -100,26 +107,29 @@ __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t 
     I my_idx = 0;
     I my_eid = 0;
     float my_w = 0.0f;
+    // an entry out of range is skipped (index -1: nothing is read for it, not even
+    // from an empty q or weight); the flag makes the caller zero the row
     if (k < e) {
       my_idx = ix[k];
       if (static_cast<uint64_t>(static_cast<int64_t>(my_idx)) >= static_cast<uint64_t>(a.n_in)) {
         bad |= kBadIndex;
-        my_idx = 0;
+        my_idx = static_cast<I>(-1);
       }
       if constexpr (WEIGHTED) {
         my_eid = ex != nullptr ? ex[k] : static_cast<I>(k);
         if (ex != nullptr &&
             static_cast<uint64_t>(static_cast<int64_t>(my_eid)) >= static_cast<uint64_t>(a.n_w)) {
           bad |= kBadEid;
-          my_eid = 0;
+          my_idx = static_cast<I>(-1);
         }
-        if (!per_head) my_w = __ldg(a.w + static_cast<int64_t>(my_eid));
+        if (!per_head && my_idx >= 0) my_w = __ldg(a.w + static_cast<int64_t>(my_eid));
       }
     }
     const int nb = e - k0 < G ? static_cast<int>(e - k0) : G;
 #pragma unroll 4
     for (int j = 0; j < nb; ++j) {
       const int64_t idx = static_cast<int64_t>(__shfl_sync(gmask, my_idx, j, G));
+      if (idx < 0) continue;  // the same entry for the whole group: all lanes skip it
       const int8_t* src = a.q + idx * a.F;
       float wk = 0.0f;
       int64_t eid = 0;
@@ -201,7 +211,8 @@ __global__ void __launch_bounds__(kThreads) spmm_kernel(SpmmArgs a) {
     bad = kBadIndptr;
   } else {
     constexpr int64_t window = int64_t{4} * G * NCH;
-    for (int64_t f0 = 0; f0 < a.F && bad == 0; f0 += window) {
+    // a row of width 0 still walks one window, which checks its indices
+    for (int64_t f0 = 0; (f0 < a.F || f0 == 0) && bad == 0; f0 += window) {
       if (!WEIGHTED && e - b > kMaxDegreeInt32) {
         bad = row_window<I, G, NCH, WEIGHTED, int64_t>(a, b, e, f0, lane, gmask, o);
       } else {
@@ -216,10 +227,17 @@ __global__ void __launch_bounds__(kThreads) spmm_kernel(SpmmArgs a) {
   }
 }
 
+// A graph without rows: indptr ([x]) is valid only as [0] with no entries.
+template <typename I>
+__global__ void no_rows_kernel(const I* __restrict__ indptr, int64_t nnz, int* __restrict__ flag) {
+  if (static_cast<int64_t>(indptr[0]) != 0 || nnz != 0) *flag = kBadIndptr;
+}
+
 template <typename I, int G, int NCH>
 void launch_g(const SpmmArgs& a, bool weighted, cudaStream_t stream) {
   const int64_t blocks = (a.rows * G + kThreads - 1) / kThreads;
-  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qspmm: too many rows (", a.rows, ")");
+  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qtrain::qspmm: too many rows (", a.rows,
+                    ")");
   const unsigned grid = static_cast<unsigned>(blocks);
   if (weighted) {
     spmm_kernel<I, G, NCH, true><<<grid, kThreads, 0, stream>>>(a);
@@ -232,6 +250,11 @@ void launch_g(const SpmmArgs& a, bool weighted, cudaStream_t stream) {
 // Group size from the row width: one lane per 4-feature chunk up to a warp.
 template <typename I>
 void launch(const SpmmArgs& a, bool weighted, cudaStream_t stream) {
+  if (a.rows == 0) {
+    no_rows_kernel<I><<<1, 1, 0, stream>>>(static_cast<const I*>(a.indptr), a.nnz, a.flag);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   const int64_t chunks = (a.F + 3) / 4;
   if (chunks <= 1) return launch_g<I, 1, 1>(a, weighted, stream);
   if (chunks <= 2) return launch_g<I, 2, 1>(a, weighted, stream);
@@ -243,37 +266,23 @@ void launch(const SpmmArgs& a, bool weighted, cudaStream_t stream) {
   return launch_g<I, 32, 4>(a, weighted, stream);
 }
 
-}  // namespace
-
 at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, const at::Tensor& q_in,
                  double scale, const std::optional<at::Tensor>& weight_in,
                  const std::optional<at::Tensor>& eids_in) {
-  constexpr const char* fn = "qtrain._ext_cuda.qspmm";
-  at::Tensor indptr = index_arg(fn, "indptr", indptr_in);
-  at::Tensor indices = index_arg(fn, "indices", indices_in);
-  const at::Tensor q = q_arg(fn, "q", q_in);
-  const at::Device dev = q.device();
-  check_same_device(fn, "indptr", indptr, dev);
-  check_same_device(fn, "indices", indices, dev);
+  constexpr const char* fn = "qtrain::qspmm";
+  const c10::cuda::CUDAGuard guard(indptr_in.device());
+  const at::Tensor q = q_in.contiguous();
   const bool weighted = weight_in.has_value() && weight_in->defined();
   const bool has_eids = weighted && eids_in.has_value() && eids_in->defined();
-  at::Tensor eids;
-  if (eids_in.has_value() && eids_in->defined()) {
-    eids = index_arg(fn, "eids", *eids_in);
-    check_same_device(fn, "eids", eids, dev);
-    TORCH_CHECK_VALUE(eids.numel() == indices.numel(), fn, ": eids has ", eids.numel(),
-                      " entries, indices ", indices.numel());
-  }
-  TORCH_CHECK_VALUE(indptr.numel() >= 1, fn, ": indptr needs at least one entry (rows + 1)");
-  const c10::cuda::CUDAGuard guard(dev);
 
   // one index type for all three (mixed int32 / int64 is promoted to int64)
-  const bool wide = indptr.scalar_type() == at::kLong || indices.scalar_type() == at::kLong ||
-                    (has_eids && eids.scalar_type() == at::kLong);
+  const bool wide = indptr_in.scalar_type() == at::kLong ||
+                    indices_in.scalar_type() == at::kLong ||
+                    (has_eids && eids_in->scalar_type() == at::kLong);
   const at::ScalarType it = wide ? at::kLong : at::kInt;
-  if (indptr.scalar_type() != it) indptr = indptr.to(it);
-  if (indices.scalar_type() != it) indices = indices.to(it);
-  if (has_eids && eids.scalar_type() != it) eids = eids.to(it);
+  const at::Tensor indptr = indptr_in.to(it).contiguous();
+  const at::Tensor indices = indices_in.to(it).contiguous();
+  const at::Tensor eids = has_eids ? eids_in->to(it).contiguous() : at::Tensor();
 
   const int64_t rows = indptr.numel() - 1;
   const int64_t nnz = indices.numel();
@@ -283,26 +292,13 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   at::Tensor w;
   int64_t Hw = 1;
   if (weighted) {
-    const at::Tensor& w_in = *weight_in;
-    check_cuda_dense(fn, "weight", w_in);
-    check_same_device(fn, "weight", w_in, dev);
-    TORCH_CHECK_TYPE(!w_in.is_complex() && w_in.scalar_type() != at::kBool, fn,
-                     ": weight must be a real (float32) tensor, got ", w_in.scalar_type());
-    const bool shape_ok =
-        (w_in.dim() == 1) || (w_in.dim() == 2) || (w_in.dim() == 3 && w_in.size(2) == 1);
-    Hw = w_in.dim() == 1 ? 1 : w_in.size(1);
-    TORCH_CHECK_VALUE(shape_ok && (Hw == 1 || Hw == H), fn,
-                      ": weight must have shape [E], [E, 1], [E, ", H, "] or [E, ", H,
-                      ", 1], got ", w_in.sizes());
-    w = w_in.to(at::kFloat).contiguous();
-    TORCH_CHECK_VALUE(has_eids || w.size(0) >= nnz, fn, ": weight has ", w.size(0),
-                      " rows but there are ", nnz, " entries and no eids");
+    w = weight_in->to(at::kFloat).contiguous();
+    Hw = w.dim() == 1 ? 1 : w.size(1);
   }
 
   std::vector<int64_t> out_shape{rows, D};
   if (q.dim() == 3) out_shape = {rows, H, D};
   at::Tensor out = at::empty(out_shape, q.options().dtype(at::kFloat));
-  if (rows == 0 || out.numel() == 0) return out;
 
   at::Tensor flag = at::zeros({1}, q.options().dtype(at::kInt));
   SpmmArgs a{};
@@ -339,5 +335,8 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   return out;
 }
 
+}  // namespace
 }  // namespace cuda
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CUDA, m) { m.impl("qspmm", &qtrain::cuda::qspmm); }

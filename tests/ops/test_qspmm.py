@@ -1,0 +1,481 @@
+"""torch.ops.qtrain.qspmm on every device against its reference (qtrain.ops.sparse.reference_qspmm).
+
+The copy form is an exact integer sum, so every kernel equals the reference bit for
+bit. The weighted form adds float32 terms in CSR order in every kernel, so it equals
+the CSR-order emulation (sparse_cases.csr_order_weighted) bit for bit, and the
+reference, which adds in another order, to float32 rounding. On the CPU every ISA
+variant runs with 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sparse_cases import (
+    INDEX_DTYPES,
+    csr,
+    csr_order_weighted,
+    q_shape,
+    quantized,
+    variants,
+)
+from support import DEVICES, WIDTHS, ErrorCase, assert_same, expect_errors, gen, library, opcheck
+
+from qtrain.ops.quantize import quantize
+from qtrain.ops.sparse import reference_qspmm
+
+# WIDTHS; 64 (whole AVX-512 tiles); the CUDA lane groups: 128 (a warp of 4-byte gathers),
+# 256 (2 chunks per lane), 600 (4 chunks per lane, two windows per row)
+SPMM_WIDTHS = (*WIDTHS, 64, 128, 256, 600)
+EPS32 = 2.0**-23
+
+
+def _on(device: str, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+def _close_to_reference(got: torch.Tensor, indptr, indices, q, scale, weight, eids) -> None:
+    """|got - reference| <= 2 (deg + 1) eps sum|terms| (the weighted form's float sums)."""
+    ref = reference_qspmm(indptr, indices, q, scale, weight, eids)
+    terms = reference_qspmm(indptr, indices, q.abs(), scale, weight.abs(), eids)
+    deg = (indptr[1:] - indptr[:-1]).to(torch.float32).reshape((-1,) + (1,) * (q.dim() - 1))
+    tol = 2 * (deg + 1) * EPS32 * terms + 1e-30
+    got = got.cpu()
+    assert got.shape == ref.shape and got.dtype == torch.float32
+    assert bool(((got - ref).abs() <= tol).all()), float((got - ref).abs().max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("kind", ["uniform", "powerlaw", "zeros"])
+def test_copy_matches_reference(device: str, dtype: torch.dtype, heads: int, kind: str) -> None:
+    ops = library(device)
+    indptr, indices = csr(61, 47, 5, kind, seed=heads, dtype=dtype)
+    ip, ix = _on(device, indptr, indices)
+    for i, width in enumerate(SPMM_WIDTHS):
+        q, scale = quantized(q_shape(47, heads, width), bits=2 + i % 7, seed=i)
+        if i % 2:  # the whole int8 range, -128 included
+            q = torch.randint(-128, 128, q.shape, generator=gen(i), dtype=torch.int8)
+        want = reference_qspmm(indptr, indices, q, scale)
+        qd = q.to(device)
+        for variant in variants(device):
+            assert_same(ops.qspmm(ip, ix, qd, float(scale)), want, f"{variant}, width {width}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("with_eids", [False, True])
+def test_weighted_sums_in_csr_order(
+    device: str, dtype: torch.dtype, heads: int, with_eids: bool
+) -> None:
+    ops = library(device)
+    indptr, indices = csr(53, 40, 6, "powerlaw", seed=7 + heads, dtype=dtype)
+    nnz = indices.numel()
+    g = gen(3)
+    eids = torch.randperm(nnz, generator=g).to(dtype) if with_eids else None
+    ip, ix, ed = _on(device, indptr, indices, eids)
+    shapes = [(nnz,), (nnz, 1), (nnz, heads), (nnz, heads, 1), (nnz, 1, 1)]
+    # 8: per-head weights with 4-byte gathers; 600: several CUDA windows per row (one
+    # weight shape, to keep the test short)
+    for i, width in enumerate((*WIDTHS, 8, 600)):
+        q, scale = quantized(q_shape(40, heads, width), bits=8 - i % 7, seed=10 + i)
+        qd = q.to(device)
+        for shape in shapes if width < 600 else shapes[3:4]:
+            w = torch.randn(shape, generator=g)
+            want = csr_order_weighted(indptr, indices, q, scale, w, eids)
+            wd = w.to(device)
+            for variant in variants(device):
+                got = ops.qspmm(ip, ix, qd, float(scale), wd, ed)
+                assert_same(got, want, f"{variant}, width {width}, weight {shape}")
+        # the emulated order agrees with the reference's to float32 rounding
+        _close_to_reference(got, indptr, indices, q, scale, w, eids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_large_graph_every_variant(device: str) -> None:
+    """Enough work that two CPU threads really split the rows; hubs of up to 600 entries."""
+    ops = library(device)
+    indptr, indices = csr(3000, 2500, 12, "powerlaw", seed=5)
+    q, scale = quantized((2500, 4, 24), 8, seed=5)
+    w = torch.randn(indices.numel(), 4, 1, generator=gen(5))
+    eids = torch.randperm(indices.numel(), generator=gen(6))
+    ip, ix, qd, wd, ed = _on(device, indptr, indices, q, w, eids)
+    want_heads = csr_order_weighted(indptr, indices, q, scale, w, eids)
+    want_one = csr_order_weighted(indptr, indices, q[:, 0], scale, w[:, 0], eids)
+    want_copy = reference_qspmm(indptr, indices, q, scale)
+    for variant in variants(device):
+        assert_same(ops.qspmm(ip, ix, qd, float(scale), wd, ed), want_heads, variant)
+        assert_same(ops.qspmm(ip, ix, qd[:, 0], float(scale), wd[:, 0], ed), want_one, variant)
+        assert_same(ops.qspmm(ip, ix, qd, float(scale)), want_copy, variant)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", INDEX_DTYPES)
+def test_incidence_form(device: str, dtype: torch.dtype) -> None:
+    """Edge-to-node sums (GAT's backward over [E, H, 1] edge tensors) are the copy form over
+    edge rows, indices = eids; int32 indptr with int64 eids is promoted."""
+    ops = library(device)
+    indptr, indices = csr(70, 70, 4, "powerlaw", seed=11, dtype=dtype)
+    nnz = indices.numel()
+    eids = torch.randperm(nnz, generator=gen(1))
+    for edge_ids in (eids.to(dtype), eids):
+        ip, ed = _on(device, indptr, edge_ids)
+        for shape in [(nnz, 4, 1), (nnz, 1), (nnz, 8, 16), (nnz, 4, 2)]:
+            q, scale = quantized(shape, 6, seed=len(shape))
+            want = reference_qspmm(indptr, edge_ids, q, scale)
+            qd = q.to(device)
+            for variant in variants(device):
+                assert_same(ops.qspmm(ip, ed, qd, float(scale)), want, f"{variant}, {shape}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_edge_cases(device: str) -> None:
+    ops = library(device)
+    for dtype in INDEX_DTYPES:
+        empty = torch.zeros(0, dtype=dtype, device=device)
+        # empty graph: 0 rows, 0 entries, 0 input rows
+        out = ops.qspmm(
+            torch.zeros(1, dtype=dtype, device=device),
+            empty,
+            torch.zeros(0, 5, dtype=torch.int8, device=device),
+            1.0,
+        )
+        assert_same(out, torch.zeros(0, 5))
+        # rows but no entries: zeros, also weighted and multi-head
+        indptr = torch.zeros(4, dtype=dtype, device=device)
+        q = torch.ones(2, 3, 7, dtype=torch.int8, device=device)
+        assert_same(ops.qspmm(indptr, empty, q, 0.5), torch.zeros(3, 3, 7))
+        w = torch.zeros(0, 3, device=device)
+        assert_same(ops.qspmm(indptr, empty, q, 0.5, w, empty), torch.zeros(3, 3, 7))
+        # zero width, zero heads
+        one = torch.tensor([0, 1], dtype=dtype, device=device)
+        first = torch.zeros(1, dtype=dtype, device=device)
+        out = ops.qspmm(one, first, torch.zeros(1, 0, dtype=torch.int8, device=device), 1.0)
+        assert_same(out, torch.zeros(1, 0))
+        out = ops.qspmm(one, first, torch.zeros(1, 0, 4, dtype=torch.int8, device=device), 1.0)
+        assert_same(out, torch.zeros(1, 0, 4))
+    indptr, indices = csr(40, 30, 5, "powerlaw", seed=2, dtype=torch.int32)
+    ip, ix = _on(device, indptr, indices)
+    for variant in variants(device):
+        # all-zero input: scale 0, exactly zero out (never NaN)
+        q, scale = quantize(torch.zeros(30, 17), 8)
+        assert float(scale) == 0.0
+        qd = q.to(device)
+        assert_same(ops.qspmm(ip, ix, qd, 0.0), torch.zeros(40, 17), variant)
+        w = torch.rand(indices.numel(), generator=gen(1))
+        assert_same(ops.qspmm(ip, ix, qd, 0.0, w.to(device)), torch.zeros(40, 17), variant)
+        # constant tensors, positive and negative: every element on the top level
+        for c in (2.5, -2.5):
+            q, scale = quantize(torch.full((30, 33), c), 4)
+            want = reference_qspmm(indptr, indices, q, scale)
+            assert_same(ops.qspmm(ip, ix, q.to(device), float(scale)), want, variant)
+        # non-contiguous operands (transposed views from autograd), float64 weights
+        qt = torch.randint(-127, 128, (33, 30), dtype=torch.int8, generator=gen(2)).t()
+        wt = torch.randn(2, indices.numel(), generator=gen(3), dtype=torch.float64).t()
+        qtd = qt.to(device).t().contiguous().t()
+        wtd = wt.to(device).t().contiguous().t()
+        assert not qtd.is_contiguous() and not wtd.is_contiguous()
+        want = reference_qspmm(indptr, indices, qt, 0.25)
+        assert_same(ops.qspmm(ip, ix, qtd, 0.25), want, variant)
+        want = csr_order_weighted(indptr, indices, qt, 0.25, wt[:, :1], None)
+        assert_same(ops.qspmm(ip, ix, qtd, 0.25, wtd[:, :1]), want, variant)
+    # a long row of -128s (sums far beyond int8, still int32)
+    indptr = torch.tensor([0, 5000, 5000, 5003])
+    indices = torch.randint(0, 100, (5003,), generator=gen(12))
+    q = torch.full((100, 33), -128, dtype=torch.int8)
+    want = reference_qspmm(indptr, indices, q, 0.5)
+    assert_same(ops.qspmm(*_on(device, indptr, indices, q), 0.5), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_row_does_not_overflow_int32(device: str) -> None:
+    """A row whose int8 sum leaves int32 takes the int64 path (still exact)."""
+    ops = library(device)
+    deg = (1 << 31) // 128 + 1  # -128 * deg < -2^31
+    out = ops.qspmm(
+        torch.tensor([0, deg], dtype=torch.int32, device=device),
+        torch.zeros(deg, dtype=torch.int32, device=device),
+        torch.full((1, 1), -128, dtype=torch.int8, device=device),
+        1.0,
+    )
+    assert_same(out, torch.tensor([[-128 * deg]], dtype=torch.int64).to(torch.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device: str) -> None:
+    ops = library(device)
+    indptr, indices = csr(20, 15, 3, "powerlaw", seed=4)
+    nnz = indices.numel()
+    q, _ = quantized((15, 2, 5), 8, seed=4)
+    w = torch.randn(nnz, 2, generator=gen(4))
+    eids = torch.randperm(nnz, generator=gen(5))
+    ip, ix, qd, wd, ed = _on(device, indptr, indices, q, w, eids)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    for args in (
+        (ip, ix, qd, 0.5, None, None),
+        (ip.int(), ix, qd[:, 0], 0.25, wd[:, :1], ed),
+        (ip, ix, qd, 0.125, wd, None),
+        (ip[:1], empty, qd[:0], 1.0, None, None),
+    ):
+        opcheck(ops.qspmm.default, args)
+
+
+def _case(name: str, call: str, error: str, match: str) -> ErrorCase:
+    """A case whose ``call`` may use ip (indptr [0, 2, 3]), ix (indices [0, 1, 1]), q (int8
+    [2, 4]), q3 (int8 [2, 3, 4]), w (3 weights), i64 (helper) and other (another device)."""
+    setup = (
+        "i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=dev)\n"
+        "ip, ix = i64(0, 2, 3), i64(0, 1, 1)\n"
+        "q = torch.ones(2, 4, dtype=torch.int8, device=dev)\n"
+        "q3 = torch.ones(2, 3, 4, dtype=torch.int8, device=dev)\n"
+        "w = torch.ones(3, device=dev)\n"
+        "other = 'cpu' if dev.type == 'cuda' else 'meta'\n"
+    )
+    return ErrorCase(name, setup + call, error, match)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors(device: str) -> None:
+    start = r"indptr(\[0\] must be 0| must start at 0)"
+    end = (
+        r"indptr(\[-1\] must equal the number of entries| must start at 0, never decrease and end)"
+    )
+    decreasing = r"indptr must (be non-decreasing|start at 0, never decrease)"
+    expect_errors(
+        [
+            # the front: dtypes, dims, layouts, devices, shapes
+            _case(
+                "indptr float",
+                "ops.qspmm(ip.float(), ix, q, 1.0)",
+                "TypeError",
+                "indptr must be int32 or int64, got float32",
+            ),
+            _case(
+                "indptr 2-d", "ops.qspmm(ip[None], ix, q, 1.0)", "ValueError", "indptr must be 1-d"
+            ),
+            _case(
+                "indptr sparse",
+                "ops.qspmm(ip.to_sparse(), ix, q, 1.0)",
+                "ValueError",
+                "indptr must be a dense",
+            ),
+            _case(
+                "indptr empty",
+                "ops.qspmm(ip[:0], ix[:0], q, 1.0)",
+                "ValueError",
+                "indptr needs at least one entry",
+            ),
+            _case(
+                "indices int16",
+                "ops.qspmm(ip, ix.short(), q, 1.0)",
+                "TypeError",
+                "indices must be int32 or int64, got int16",
+            ),
+            _case(
+                "indices 2-d",
+                "ops.qspmm(ip, ix[None], q, 1.0)",
+                "ValueError",
+                "indices must be 1-d",
+            ),
+            _case(
+                "indices device",
+                "ops.qspmm(ip, ix.to(other), q, 1.0)",
+                "ValueError",
+                "indices is on .* but indptr is on",
+            ),
+            _case(
+                "q float",
+                "ops.qspmm(ip, ix, q.float(), 1.0)",
+                "TypeError",
+                "q must be int8, got float32",
+            ),
+            _case("q int32", "ops.qspmm(ip, ix, q.int(), 1.0)", "TypeError", "q must be int8"),
+            _case(
+                "q 1-d",
+                "ops.qspmm(ip, ix, q[0], 1.0)",
+                "ValueError",
+                r"q must have shape \[N, D\] or \[N, H, D\]",
+            ),
+            _case("q 4-d", "ops.qspmm(ip, ix, q3[None], 1.0)", "ValueError", r"q must have shape"),
+            _case(
+                "q device",
+                "ops.qspmm(ip, ix, q.to(other), 1.0)",
+                "ValueError",
+                "q is on .* but indptr is on",
+            ),
+            _case(
+                "eids float",
+                "ops.qspmm(ip, ix, q, 1.0, w, ix.float())",
+                "TypeError",
+                "eids must be int32 or int64",
+            ),
+            _case(
+                "eids length",
+                "ops.qspmm(ip, ix, q, 1.0, w, ix[:2])",
+                "ValueError",
+                "eids has 2 entries, indices 3",
+            ),
+            _case(
+                "eids length, no weight",
+                "ops.qspmm(ip, ix, q, 1.0, None, ix[:2])",
+                "ValueError",
+                "eids has 2 entries",
+            ),
+            _case(
+                "eids device",
+                "ops.qspmm(ip, ix, q, 1.0, w, ix.to(other))",
+                "ValueError",
+                "eids is on",
+            ),
+            _case(
+                "weight complex",
+                "ops.qspmm(ip, ix, q, 1.0, w.to(torch.complex64))",
+                "TypeError",
+                r"weight must be a real \(float32\) tensor",
+            ),
+            _case(
+                "weight bool",
+                "ops.qspmm(ip, ix, q, 1.0, w.bool())",
+                "TypeError",
+                "weight must be a real",
+            ),
+            _case(
+                "weight sparse",
+                "ops.qspmm(ip, ix, q, 1.0, w.to_sparse())",
+                "ValueError",
+                "weight must be a dense",
+            ),
+            _case(
+                "weight device",
+                "ops.qspmm(ip, ix, q, 1.0, w.to(other))",
+                "ValueError",
+                "weight is on",
+            ),
+            _case(
+                "weight heads",
+                "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 2, device=dev))",
+                "ValueError",
+                r"weight must have shape \[E\], \[E, 1\], \[E, 3\] or \[E, 3, 1\], got \[3, 2\]",
+            ),
+            _case(
+                "weight [E, H, 2]",
+                "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 3, 2, device=dev))",
+                "ValueError",
+                "weight must have shape",
+            ),
+            _case(
+                "weight 0-d",
+                "ops.qspmm(ip, ix, q, 1.0, w[0])",
+                "ValueError",
+                "weight must have shape",
+            ),
+            _case(
+                "weight 4-d",
+                "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 3, 1, 1, device=dev))",
+                "ValueError",
+                "weight must have shape",
+            ),
+            _case(
+                "weight per head on [N, D]",
+                "ops.qspmm(ip, ix, q, 1.0, torch.ones(3, 2, device=dev))",
+                "ValueError",
+                r"\[E, 1\] or \[E, 1, 1\]",
+            ),
+            _case(
+                "weight rows",
+                "ops.qspmm(ip, ix, q, 1.0, w[:2])",
+                "ValueError",
+                "weight has 2 rows but there are 3 entries and no eids",
+            ),
+            # the kernels: what only the data shows
+            _case("indptr start", "ops.qspmm(i64(1, 2, 3), ix, q, 1.0)", "ValueError", start),
+            _case(
+                "indptr negative start", "ops.qspmm(i64(-1, 2, 3), ix, q, 1.0)", "ValueError", start
+            ),
+            _case("indptr end", "ops.qspmm(i64(0, 2, 4), ix, q, 1.0)", "ValueError", end),
+            _case("indptr short end", "ops.qspmm(i64(0, 1, 2), ix, q, 1.0)", "ValueError", end),
+            _case(
+                "indptr decreasing",
+                "ops.qspmm(i64(0, 2, 1, 3), ix, q, 1.0)",
+                "ValueError",
+                decreasing,
+            ),
+            _case(
+                "indptr decreasing int32",
+                "ops.qspmm(i64(0, 3, 1, 3).int(), ix.int(), q, 1.0, w)",
+                "ValueError",
+                decreasing,
+            ),
+            _case("no rows, entries", "ops.qspmm(i64(0), ix, q, 1.0)", "ValueError", end),
+            _case("no rows, indptr [1]", "ops.qspmm(i64(1), ix[:0], q, 1.0)", "ValueError", start),
+            _case(
+                "index too large",
+                "ops.qspmm(ip, i64(0, 1, 2), q, 1.0)",
+                "ValueError",
+                r"an entry of indices is outside \[0, 2\) \(rows of q\)",
+            ),
+            _case(
+                "index negative",
+                "ops.qspmm(ip, i64(0, -1, 1), q, 1.0)",
+                "ValueError",
+                r"indices is outside \[0, 2\)",
+            ),
+            _case(
+                "index int32 mixed",
+                "ops.qspmm(ip.int(), i64(0, 5, 1), q, 1.0, w)",
+                "ValueError",
+                "outside",
+            ),
+            _case(
+                "index, per-head weight",
+                "ops.qspmm(ip, i64(0, 1, 9), q3, 1.0, torch.ones(3, 3, device=dev), ix)",
+                "ValueError",
+                "outside",
+            ),
+            _case(
+                "index, width 0",
+                "ops.qspmm(ip, i64(0, 1, 2), q[:, :0], 1.0)",
+                "ValueError",
+                "outside",
+            ),
+            _case(
+                "index, no heads",
+                "ops.qspmm(ip, i64(0, 1, 2), q3[:, :0], 1.0)",
+                "ValueError",
+                "outside",
+            ),
+            _case(
+                "index, q without rows",
+                "ops.qspmm(ip, ix, torch.ones(0, 4, dtype=torch.int8, device=dev), 1.0)",
+                "ValueError",
+                r"outside \[0, 0\)",
+            ),
+            _case(
+                "index, wide rows",
+                "ops.qspmm(ip, i64(0, 1, 2), torch.ones(2, 700, dtype=torch.int8, device=dev), 1.0)",
+                "ValueError",
+                "outside",
+            ),
+            _case(
+                "eid too large",
+                "ops.qspmm(ip, ix, q, 1.0, w, i64(0, 1, 3))",
+                "ValueError",
+                r"or of eids outside \[0, 3\) \(rows of weight\)",
+            ),
+            _case(
+                "eid negative, per-head weight",
+                "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 3, 1, device=dev), i64(0, -2, 1))",
+                "ValueError",
+                "rows of weight",
+            ),
+            _case(
+                "eid, weight without rows",
+                "ops.qspmm(ip, ix, q, 1.0, torch.ones(0, device=dev), ix)",
+                "ValueError",
+                r"eids outside \[0, 0\)",
+            ),
+        ],
+        device,
+    )
