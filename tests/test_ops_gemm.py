@@ -248,3 +248,5 @@ def test_isa_names_report_vnni_sensibly(isas: list[str]) -> None:
     for isa in isas:
         ext.set_isa(isa)
         assert ext.info()["isa"] == isa
+    with pytest.raises(ValueError, match="unknown ISA"):
+        ext.set_isa("avx512vnni2")

@@ -26,9 +26,10 @@
 // and before the shared store, with pre / inv derived on the device from the given
 // absmax (quant_params) and stochastic draws at counter offset_a + flat index of the
 // element in A, exactly the rule of quantize_symmetric. B, the small operand that
-// every block reads, is quantized once up front (launch_quantize_given) instead of
-// once per block (quantized_gemm_kernel.cu). The epilogue also reduces absmax of C (bit-pattern max, one
-// atomicMax per block): the next layer's scale input, without another pass.
+// every block reads, is quantized once up front (launch_quantize_given, in
+// quantized_gemm_kernel.cu) instead of once per block. The epilogue also reduces absmax
+// of C (bit-pattern max, one atomicMax per block): the next layer's scale input, without
+// another pass.
 //
 // Exactness: int32 accumulation is exact while |acc| < 2^31, i.e. K-chunks of at
 // most 65536 (|a*b| <= 2^14). Longer K, and small outputs with a long K (the "tn"
