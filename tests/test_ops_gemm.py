@@ -1,8 +1,14 @@
-"""INT8 GEMM: the compiled kernel equals the reference bit for bit (all layouts, ISAs, threads)."""
+"""INT8 GEMM: the references and the Python fronts (qtrain.ops.gemm): dispatch, counting,
+``backend=`` choice, and the same refusals on every backend.
+
+The ops themselves (torch.ops.qtrain.int8_gemm / quantized_gemm against the references,
+bit for bit, on every device) are tested in tests/ops/test_int8_gemm.py and
+tests/ops/test_quantized_gemm.py.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -10,295 +16,237 @@ import torch
 from conftest import ext_or_skip
 
 from qtrain.ops import dispatch
-from qtrain.ops import quantize as quantize_op
-from qtrain.ops.gemm import LAYOUTS, combined_scale, int8_gemm, reference_int8_gemm
+from qtrain.ops.gemm import (
+    GEMM_KERNELS,
+    LAYOUTS,
+    QUANTIZED_GEMM_KERNELS,
+    combined_scale,
+    int8_gemm,
+    quantized_gemm,
+    reference_int8_gemm,
+    reference_quantized_gemm,
+)
+from qtrain.quant.quantize import quantize_symmetric
 
-Maker = Callable[[tuple[int, int]], torch.Tensor]
-
-# (M, K, N): degenerate tiles, vector tails, K not a multiple of 4, several row blocks and panels
-SHAPES = [
-    (1, 1, 1),
-    (1, 7, 1),
-    (3, 1, 5),
-    (5, 3, 17),
-    (6, 4, 16),
-    (7, 5, 33),
-    (13, 17, 64),
-    (17, 33, 65),
-    (33, 127, 127),
-    (129, 129, 129),
-    (64, 250, 80),
-]
-EMPTY_SHAPES = [(0, 3, 4), (4, 0, 5), (5, 3, 0), (0, 0, 0), (3, 0, 1)]
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+COMPILED = {"cpu": "ext-cpu", "cuda": "ext-cuda"}
 
 
-@pytest.fixture
-def isa_restored() -> Iterator[ModuleType]:
-    """The extension, with its ISA variant restored after the test."""
-    ext = ext_or_skip()
-    previous = ext.info()["isa"]
-    yield ext
-    ext.set_isa(previous)
-
-
-def _operands(
-    m: int, k: int, n: int, layout: str, make: Maker
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """qa, qb stored as ``layout`` asks for the product (M, K) @ (K, N)."""
-    qa = make((k, m) if layout == "tn" else (m, k))
-    qb = make((n, k) if layout == "nt" else (k, n))
-    return qa, qb
-
-
-def _rand(seed: int, low: int = -128, high: int = 128) -> Maker:
+def _int8(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return lambda shape: torch.randint(low, high, shape, generator=g, dtype=torch.int8)
+    return torch.randint(-128, 128, shape, generator=g, dtype=torch.int8)
 
 
-def _reference(
-    qa: torch.Tensor, qb: torch.Tensor, scale: float, layout: str, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The reference on one thread: a tiny float64 matmul on a busy machine otherwise waits
-    milliseconds for its thread team (the result does not depend on the thread count)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return reference_int8_gemm(qa, qb, scale, layout, bias)
-    finally:
-        torch.set_num_threads(before)
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.cpu().view(torch.int32)
 
 
-def _check(
-    ext: ModuleType,
-    qa: torch.Tensor,
-    qb: torch.Tensor,
-    layout: str,
-    scale: float = 0.0173,
-    bias: torch.Tensor | None = None,
-) -> None:
-    out = ext.int8_gemm(qa, qb, scale, layout, bias)
-    ref = _reference(qa, qb, scale, layout, bias)
-    assert out.dtype == torch.float32 and out.shape == ref.shape
-    # bit for bit, signed zeros included
-    assert torch.equal(out.view(torch.int32), ref.view(torch.int32)), (layout, tuple(ref.shape))
-
-
-# ------------------------------------------------------------------ ext == reference
+# ------------------------------------------------------------------ the references
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_ext_matches_reference_every_isa_and_thread_count(
-    layout: str, isa_restored: ModuleType, threads: None
-) -> None:
-    ext = isa_restored
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        for nthreads in (1, 2):
-            torch.set_num_threads(nthreads)
-            make = _rand(100 * LAYOUTS.index(layout) + nthreads)
-            for i, (m, k, n) in enumerate(SHAPES):
-                qa, qb = _operands(m, k, n, layout, make)
-                bias = torch.randn(n) if i % 2 else None
-                _check(ext, qa, qb, layout, bias=bias)
-
-
-@pytest.mark.parametrize("strategy", ["split", "rows"])
-def test_ext_tn_both_strategies(
-    strategy: str, isa_restored: ModuleType, threads: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Both "tn" strategies (K split across threads, A^T packed per row block) are exact."""
-    ext = isa_restored
-    monkeypatch.setenv("QTRAIN_GEMM_TN", strategy)
-    make = _rand(13)
-    shapes = [*SHAPES, *EMPTY_SHAPES, (40, 3000, 70), (2, 70_001, 3)]
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        for nthreads in (1, 2):
-            torch.set_num_threads(nthreads)
-            for i, (m, k, n) in enumerate(shapes):
-                qa, qb = _operands(m, k, n, "tn", make)
-                _check(ext, qa, qb, "tn", bias=torch.randn(n) if i % 2 else None)
+def test_reference_int8_gemm_is_the_integer_product(layout: str) -> None:
+    qa = _int8((6, 5), 1) if layout != "tn" else _int8((5, 6), 1)
+    qb = _int8((5, 4), 2) if layout != "nt" else _int8((4, 5), 2)
+    a = qa.long().t() if layout == "tn" else qa.long()
+    b = qb.long().t() if layout == "nt" else qb.long()
+    out = reference_int8_gemm(qa, qb, 0.5, layout, torch.ones(4))
+    assert out.dtype == torch.float32 and out.shape == (6, 4)
+    assert torch.equal(out, (a @ b).float() * 0.5 + 1)
+    # a zero output carries the sign of the scale, never of a float64 -0.0 product
+    zero = reference_int8_gemm(
+        torch.zeros(1, 1, dtype=torch.int8), torch.full((1, 1), -3, dtype=torch.int8), 1.0
+    )
+    assert _bits(zero).item() == 0
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_ext_long_inner_dimension(layout: str, isa_restored: ModuleType, threads: None) -> None:
-    """K in the thousands: the split-K path of "tn" and many k-steps for "nn"/"nt"."""
-    ext = isa_restored
-    make = _rand(7)
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        for nthreads in (1, 2):
-            torch.set_num_threads(nthreads)
-            for m, k, n in ((19, 5003, 70), (128, 4100, 3), (2, 2049, 1)):
-                qa, qb = _operands(m, k, n, layout, make)
-                _check(ext, qa, qb, layout, bias=torch.randn(n))
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_reference_quantized_gemm_with_true_ranges(layout: str, rounding: str) -> None:
+    """With the operands' own absmax: quantize_symmetric of each, then the int8 product."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn((9, 7) if layout == "tn" else (7, 9), generator=g)
+    b = torch.randn((5, 9) if layout == "nt" else (9, 5), generator=g)
+    stochastic = rounding == "stochastic"
+    out, absmax = reference_quantized_gemm(
+        a, b, a.abs().max(), float(b.abs().max()), 6, 8, layout, None, stochastic, 4, 10, 20
+    )
+    qa, sa = quantize_symmetric(a, 6, rounding, 4, 10)
+    qb, sb = quantize_symmetric(b, 8, rounding, 4, 20)
+    want = reference_int8_gemm(qa, qb, combined_scale(sa, sb), layout)
+    assert torch.equal(_bits(out), _bits(want))
+    assert torch.equal(_bits(absmax), _bits(want.abs().max()))
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_ext_inner_dimension_beyond_int32_chunks(
-    layout: str, isa_restored: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """K > 65536 with all -128: partial sums go through int64 (a true sum of 2^31 and more)."""
-    ext = isa_restored
-    m, k, n = 2, 70_001, 3
-    qa, qb = _operands(m, k, n, layout, lambda shape: torch.full(shape, -128, dtype=torch.int8))
-    for strategy in ("split", "rows") if layout == "tn" else ("auto",):
-        monkeypatch.setenv("QTRAIN_GEMM_TN", strategy)
-        for isa in ext.info()["isa_supported"]:
-            ext.set_isa(isa)
-            _check(ext, qa, qb, layout, scale=1.0)
-            assert ext.int8_gemm(qa, qb, 1.0, layout)[0, 0].item() == float(k * 128 * 128)
+def test_reference_quantized_gemm_clamps_beyond_the_range() -> None:
+    a = torch.tensor([[4.0, -4.0, 0.5]])
+    b = torch.ones(3, 1)
+    out, absmax = reference_quantized_gemm(a, b, 1.0, 1.0, 8, 8)
+    # a quantizes to (127, -127, 64) with scale 1/127: the values beyond 1 clamp
+    scale = combined_scale(1.0 / 127, 1.0 / 127)
+    assert torch.equal(out, torch.tensor([[64.0 * 127]]) * torch.tensor(scale))
+    assert absmax.shape == () and absmax.dtype == torch.float32
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_ext_empty_dimensions(layout: str, isa_restored: ModuleType) -> None:
-    ext = isa_restored
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        for m, k, n in EMPTY_SHAPES:
-            qa, qb = _operands(m, k, n, layout, _rand(1))
-            _check(ext, qa, qb, layout)
-            _check(ext, qa, qb, layout, bias=torch.randn(n))
-            if m and n and not k:  # K = 0: zeros, plus bias
-                bias = torch.randn(n)
-                out = ext.int8_gemm(qa, qb, 0.5, layout, bias)
-                assert torch.equal(out, bias.expand(m, n))
+# ------------------------------------------------------------------ the fronts
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("value", [0, 1, -1, 127, -127, -128])
-def test_ext_constant_and_extreme_operands(
-    layout: str, value: int, isa_restored: ModuleType
-) -> None:
-    ext = isa_restored
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        for m, k, n in ((7, 33, 65), (1, 1, 1), (13, 130, 17)):
-            const = lambda shape: torch.full(shape, value, dtype=torch.int8)  # noqa: E731
-            qa, qb = _operands(m, k, n, layout, const)
-            _check(ext, qa, qb, layout)
-            # one operand at an extreme, the other random
-            qa2, qb2 = _operands(m, k, n, layout, _rand(3))
-            _check(ext, qa2, qb, layout, bias=torch.randn(n))
-            _check(ext, qa, qb2, layout)
-    # opposite extremes everywhere: the largest magnitudes the accumulator sees
-    qa, qb = _operands(9, 257, 31, layout, lambda s: torch.full(s, -127, dtype=torch.int8))
-    _check(ext, qa, -qb, layout)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("bits", range(2, 9))
-def test_ext_on_quantized_float_data(layout: str, bits: int) -> None:
-    """Operands as the training loop makes them: quantize() of random float data."""
-    ext = ext_or_skip()
-    g = torch.Generator().manual_seed(bits)
-    m, k, n = 37, 65, 47
-    xa = torch.randn((k, m) if layout == "tn" else (m, k), generator=g)
-    xb = torch.randn((n, k) if layout == "nt" else (k, n), generator=g)
-    for rounding in ("nearest", "stochastic"):
-        qa, sa = quantize_op(xa, bits, rounding, seed=bits)
-        qb, sb = quantize_op(xb, bits, rounding, seed=bits + 100)
-        scale = combined_scale(sa, sb)
-        _check(ext, qa, qb, layout, scale=scale, bias=torch.randn(n, generator=g))
-        # and the dequantized product is close to the float product
-        a = xa.t() if layout == "tn" else xa
-        b = xb.t() if layout == "nt" else xb
-        out = int8_gemm(qa, qb, sa, sb, layout)
-        if bits == 8:
-            assert torch.allclose(out, a @ b, atol=0.1 * k**0.5, rtol=0.05)
-
-
-def test_ext_scale_edge_values(isa_restored: ModuleType) -> None:
-    """Zero, negative, huge and non-finite scales follow the reference's float arithmetic."""
-    ext = isa_restored
-    qa, qb = _operands(5, 9, 19, "nn", _rand(5))
-    for isa in ext.info()["isa_supported"]:
-        ext.set_isa(isa)
-        for scale in (0.0, -0.0, -2.5, 3.0e38, 1e-45, float("inf"), float("nan")):
-            out = ext.int8_gemm(qa, qb, scale, "nn")
-            ref = _reference(qa, qb, scale, "nn")
-            assert torch.equal(out.view(torch.int32), ref.view(torch.int32)) or (
-                torch.isnan(out).equal(torch.isnan(ref))
-                and torch.equal(out.nan_to_num(0), ref.nan_to_num(0))
-            )
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_ext_non_contiguous_inputs(layout: str) -> None:
-    ext = ext_or_skip()
-    make = _rand(11)
-    m, k, n = 23, 45, 37
-    qa, qb = _operands(m, k, n, layout, make)
-    # transposed views and strided slices holding the same values
-    qa_t = qa.t().contiguous().t()
-    qb_s = torch.cat([qb, make(qb.shape)], dim=1)[:, : qb.shape[1]]
-    assert not qa_t.is_contiguous() and not qb_s.is_contiguous()
-    bias = torch.randn(2 * n)[::2]
-    _check(ext, qa_t, qb_s, layout, bias=bias)
-    # a float64 bias is taken as float32, as the reference does
-    _check(ext, qa, qb, layout, bias=torch.randn(n, dtype=torch.float64))
-
-
-# ------------------------------------------------------------------ dispatch and errors
-
-
-def test_dispatch_countsext_or_skip() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_gemm_dispatch_counts(device: str) -> None:
     ext_or_skip()
+    qa, qb = _int8((4, 5), 2), _int8((5, 6), 3)
     dispatch.reset()
     try:
-        qa, qb = _operands(4, 5, 6, "nn", _rand(2))
-        out = int8_gemm(qa, qb, torch.tensor(0.5), 0.25, "nn", bias=torch.zeros(6))
-        ref = reference_int8_gemm(qa, qb, 0.125, "nn", torch.zeros(6))
-        assert torch.equal(out, ref)
-        int8_gemm(qa, qb, 1.0, 1.0, "nn", backend="reference")
-        assert dispatch.snapshot() == {"gemm": {"ext-cpu": 1, "reference": 1}}
+        bias = torch.zeros(6)
+        out = int8_gemm(
+            qa.to(device), qb.to(device), torch.tensor(0.5), 0.25, "nn", bias.to(device)
+        )
+        assert out.device.type == device
+        assert torch.equal(_bits(out), _bits(reference_int8_gemm(qa, qb, 0.125, "nn", bias)))
+        ref = int8_gemm(qa.to(device), qb.to(device), 0.5, 0.25, "nn", backend="reference")
+        assert torch.equal(_bits(ref), _bits(out))
+        compiled = COMPILED[device]
+        int8_gemm(qa.to(device), qb.to(device), 1.0, 1.0, backend=compiled)
+        assert dispatch.snapshot() == {"gemm": {compiled: 2, "reference": 1}}
         assert dispatch.fallbacks() == []
     finally:
         dispatch.reset()
 
 
-def test_ext_validates_arguments() -> None:
-    ext = ext_or_skip()
-    a = torch.zeros(3, 4, dtype=torch.int8)
-    b = torch.zeros(4, 5, dtype=torch.int8)
-    with pytest.raises(TypeError, match="qa must be int8"):
-        ext.int8_gemm(a.float(), b, 1.0, "nn")
-    with pytest.raises(TypeError, match="qb must be int8"):
-        ext.int8_gemm(a, b.to(torch.uint8), 1.0, "nn")
-    with pytest.raises(ValueError, match="2-d"):
-        ext.int8_gemm(a[0], b, 1.0, "nn")
-    with pytest.raises(ValueError, match="inner dimensions differ"):
-        ext.int8_gemm(a, b, 1.0, "nt")
-    with pytest.raises(ValueError, match="layout must be one of 'nn', 'nt', 'tn'"):
-        ext.int8_gemm(a, b, 1.0, "tt")
-    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
-        ext.int8_gemm(a, b, 1.0, "nn", torch.zeros(4))
-    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
-        ext.int8_gemm(a, b, 1.0, "nn", torch.zeros(1, 5))
-    with pytest.raises(TypeError, match="bias must be a floating-point"):
-        ext.int8_gemm(a, b, 1.0, "nn", torch.zeros(5, dtype=torch.int32))
-    with pytest.raises(ValueError, match="unknown ISA"):
-        ext.set_isa("avx512vnni2")
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantized_gemm_dispatch_counts_and_chains(device: str) -> None:
+    """The compiled kernel serves "auto" on every device; its returned absmax (left on the
+    device) is the next call's range, as a layer feeds the next."""
+    ext_or_skip()
+    assert set(QUANTIZED_GEMM_KERNELS) == set(GEMM_KERNELS) == {"ext-cpu", "ext-cuda"}
+    g = torch.Generator().manual_seed(4)
+    a, b, w = torch.randn(30, 12, generator=g), torch.randn(12, 9, generator=g), torch.randn(9, 5)
+    dispatch.reset()
+    try:
+        c, m = quantized_gemm(
+            a.to(device), b.to(device), a.abs().max(), b.abs().max(), rounding="stochastic", seed=3
+        )
+        c2, m2 = quantized_gemm(c, w.to(device), m, w.abs().max(), 6, 8, rounding="stochastic")
+        assert m.device.type == m2.device.type == device
+        want, want_max = reference_quantized_gemm(
+            a, b, a.abs().max(), b.abs().max(), stochastic=True, seed=3
+        )
+        assert torch.equal(_bits(c), _bits(want)) and torch.equal(_bits(m), _bits(want_max))
+        want2, want2_max = reference_quantized_gemm(
+            want, w, want_max, w.abs().max(), 6, 8, stochastic=True
+        )
+        assert torch.equal(_bits(c2), _bits(want2)) and torch.equal(_bits(m2), _bits(want2_max))
+        r2, rm2 = quantized_gemm(
+            c, w.to(device), m, w.abs().max(), 6, 8, rounding="stochastic", backend="reference"
+        )
+        assert torch.equal(_bits(r2), _bits(want2)) and torch.equal(_bits(rm2), _bits(want2_max))
+        assert dispatch.snapshot() == {"quantized_gemm": {COMPILED[device]: 2, "reference": 1}}
+        assert dispatch.fallbacks() == []
+    finally:
+        dispatch.reset()
 
 
-def test_wrapper_validates_arguments() -> None:
-    a = torch.zeros(3, 4, dtype=torch.int8)
-    b = torch.zeros(4, 5, dtype=torch.int8)
-    with pytest.raises(TypeError, match="qa must be a 2-d int8"):
-        int8_gemm(a.float(), b, 1.0, 1.0)
-    with pytest.raises(ValueError, match="inner dimensions differ"):
-        int8_gemm(a, b, 1.0, 1.0, "tn")
-    with pytest.raises(ValueError, match="layout must be one of"):
-        int8_gemm(a, b, 1.0, 1.0, "NN")
-    with pytest.raises(ValueError, match=r"bias must have shape \(5,\)"):
-        int8_gemm(a, b, 1.0, 1.0, bias=torch.zeros(3))
+def test_quantized_gemm_takes_ranges_as_numbers_or_tensors() -> None:
+    ext_or_skip()
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(8, 6, generator=g), torch.randn(6, 3, generator=g)
+    want = reference_quantized_gemm(a, b, 2.0, 1.5, 7, 5, "nn", None, True, 9)
+    for ra, rb in ((2.0, 1.5), (torch.tensor(2.0, dtype=torch.float64), torch.tensor([1.5]))):
+        for backend in ("auto", "reference"):
+            got = quantized_gemm(a, b, ra, rb, 7, 5, rounding="stochastic", seed=9, backend=backend)
+            assert torch.equal(_bits(got[0]), _bits(want[0]))
+            assert torch.equal(_bits(got[1]), _bits(want[1]))
 
 
-def test_isa_names_report_vnni_sensibly(isa_restored: ModuleType) -> None:
-    ext = isa_restored
+def test_backend_choice_errors() -> None:
+    qa, qb = _int8((2, 3), 1), _int8((3, 2), 2)
+    with pytest.raises(ValueError, match="cannot run on a cpu tensor"):
+        int8_gemm(qa, qb, 1.0, 1.0, backend="ext-cuda")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        quantized_gemm(qa.float(), qb.float(), 1.0, 1.0, backend="cuda")
+    with pytest.raises(ValueError, match="rounding must be one of"):
+        quantized_gemm(qa.float(), qb.float(), 1.0, 1.0, rounding="up")
+    with pytest.raises(TypeError, match=r"qa must be a torch\.Tensor"):
+        int8_gemm([[1]], qb, 1.0, 1.0)  # type: ignore[arg-type]
+
+
+# Bad arguments of the fronts: (name, call on the "int8" / "quantized" front, exception, match).
+# Every backend refuses them with the same exception: the ops' C++ fronts on the compiled
+# path, the references' own checks on the reference path.
+_A8 = torch.zeros(3, 4, dtype=torch.int8)
+_B8 = torch.zeros(4, 5, dtype=torch.int8)
+_AF = torch.ones(4, 3)
+_BF = torch.ones(3, 2)
+BAD: list[tuple[str, Callable[[str], object], type[Exception], str]] = [
+    ("layout", lambda be: int8_gemm(_A8, _B8, 1.0, 1.0, "tt", backend=be), ValueError, "layout"),
+    ("qa dtype", lambda be: int8_gemm(_A8.float(), _B8, 1.0, 1.0, backend=be), TypeError,
+     "qa must be int8"),
+    ("qb dtype", lambda be: int8_gemm(_A8, _B8.to(torch.uint8), 1.0, 1.0, backend=be), TypeError,
+     "qb must be int8"),
+    ("qa 1-d", lambda be: int8_gemm(_A8[0], _B8, 1.0, 1.0, backend=be), ValueError, "qa must be 2-d"),
+    ("qa sparse", lambda be: int8_gemm(_A8.to_sparse(), _B8, 1.0, 1.0, backend=be), ValueError,
+     "dense"),
+    ("qb device", lambda be: int8_gemm(_A8, _B8.to("meta"), 1.0, 1.0, backend=be), ValueError,
+     "qb is on meta"),
+    ("inner", lambda be: int8_gemm(_A8, _B8, 1.0, 1.0, "tn", backend=be), ValueError,
+     "inner dimensions differ"),
+    ("bias shape", lambda be: int8_gemm(_A8, _B8, 1.0, 1.0, bias=torch.zeros(3), backend=be),
+     ValueError, r"bias must have shape \(5,\)"),
+    ("bias dtype", lambda be: int8_gemm(_A8, _B8, 1.0, 1.0, bias=torch.zeros(5, dtype=torch.int64),
+     backend=be), TypeError, "bias must be a floating-point"),
+    ("q layout", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, layout="NN", backend=be), ValueError,
+     "layout"),
+    ("q bits_a", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, 1, backend=be), ValueError,
+     r"bits_a must be an integer in 2\.\.8"),
+    ("q bits_b", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, 8, 9, backend=be), ValueError,
+     r"bits_b must be an integer in 2\.\.8"),
+    ("q a dtype", lambda be: quantized_gemm(_AF.double(), _BF, 1.0, 1.0, backend=be), TypeError,
+     "a must be float32, got float64"),
+    ("q b dtype", lambda be: quantized_gemm(_AF, _BF.to(torch.int8), 1.0, 1.0, backend=be),
+     TypeError, "b must be float32, got int8"),
+    ("q b 3-d", lambda be: quantized_gemm(_AF, _BF[None], 1.0, 1.0, backend=be), ValueError,
+     "b must be 2-d"),
+    ("q inner", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, layout="nt", backend=be), ValueError,
+     "inner dimensions differ"),
+    ("q range values", lambda be: quantized_gemm(_AF, _BF, torch.ones(2), 1.0, backend=be),
+     ValueError, "absmax_a must hold one value"),
+    ("q range device", lambda be: quantized_gemm(_AF, _BF, 1.0, torch.ones((), device="meta"),
+     backend=be), ValueError, "absmax_b is on meta"),
+    ("q range NaN", lambda be: quantized_gemm(_AF, _BF, float("nan"), 1.0, backend=be), ValueError,
+     "absmax_a must be finite and >= 0"),
+    ("q range negative", lambda be: quantized_gemm(_AF, _BF, 1.0, torch.tensor(-2.0), backend=be),
+     ValueError, "absmax_b must be finite and >= 0"),
+    ("q bias", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, bias=torch.zeros(3), backend=be),
+     ValueError, r"bias must have shape \(2,\)"),
+    ("q offset_a", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, offset_a=-1, backend=be),
+     ValueError, "offset_a must be >= 0"),
+    ("q offset_b", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, offset_b=2**63 - 2, backend=be),
+     ValueError, "offset_b"),
+    ("q seed", lambda be: quantized_gemm(_AF, _BF, 1.0, 1.0, seed=1.5, backend=be), TypeError,
+     "seed must be an int"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["reference", "ext-cpu"])
+@pytest.mark.parametrize("case", BAD, ids=[case[0] for case in BAD])
+def test_every_backend_refuses_the_same_arguments(
+    backend: str, case: tuple[str, Callable[[str], object], type[Exception], str]
+) -> None:
+    if backend != "reference":
+        ext_or_skip()
+    _, call, error, match = case
+    dispatch.reset()
+    with pytest.raises(error, match=match):
+        call(backend)
+
+
+def test_isa_names_report_vnni_sensibly(isas: list[str]) -> None:
+    ext: ModuleType = ext_or_skip()
     info = ext.info()
     assert info["isa_compiled"][0] == "avx512vnni" or info["isa_compiled"] == ["default"]
     assert info["isa_best"] == info["isa_supported"][0]
-    for isa in info["isa_supported"]:
+    for isa in isas:
         ext.set_isa(isa)
         assert ext.info()["isa"] == isa
+    with pytest.raises(ValueError, match="unknown ISA"):
+        ext.set_isa("avx512vnni2")

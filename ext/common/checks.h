@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <c10/util/string_view.h>
 
 #include <cstdint>
 #include <limits>
@@ -77,6 +78,46 @@ inline void counter_range(const char* fn, int64_t n, int64_t offset) {
   TORCH_CHECK_VALUE(n <= std::numeric_limits<int64_t>::max() - offset, fn,
                     ": offset + numel must stay below 2^63, got offset ", offset, " and numel ",
                     n);
+}
+
+// ---------------------------------------------------------------- GEMM (int8_gemm, quantized_gemm)
+
+// The three layouts of a GEMM's stored operands: "nn" C = A @ B, "nt" A @ B^T, "tn" A^T @ B.
+inline void gemm_layout(const char* fn, c10::string_view layout) {
+  TORCH_CHECK_VALUE(layout == "nn" || layout == "nt" || layout == "tn", fn,
+                    ": layout must be one of 'nn', 'nt', 'tn', got '", layout, "'");
+}
+
+// A dense 2-d operand of dtype `want`.
+inline void gemm_operand(const char* fn, const char* name, const at::Tensor& t,
+                         at::ScalarType want) {
+  dense(fn, name, t);
+  dtype(fn, name, t, want);
+  TORCH_CHECK_VALUE(t.dim() == 2, fn, ": ", name, " must be 2-d, got shape ", t.sizes());
+}
+
+// N, the columns of the product of 2-d operands a, b stored as `layout` (checked) says;
+// their inner dimensions must agree.
+inline int64_t gemm_columns(const char* fn, c10::string_view layout, const char* a_name,
+                            const at::Tensor& a, const char* b_name, const at::Tensor& b) {
+  const int64_t k = layout == "tn" ? a.size(0) : a.size(1);
+  const int64_t k2 = layout == "nt" ? b.size(1) : b.size(0);
+  TORCH_CHECK_VALUE(k == k2, fn, ": inner dimensions differ for layout '", layout, "': ", a_name,
+                    " ", a.sizes(), ", ", b_name, " ", b.sizes());
+  return layout == "nt" ? b.size(0) : b.size(1);
+}
+
+// An optional bias: a dense floating-point 1-d tensor of n on `device`.
+inline void gemm_bias(const char* fn, const std::optional<at::Tensor>& bias, int64_t n,
+                      const char* first, const at::Device& device) {
+  if (!bias.has_value() || !bias->defined()) return;
+  const at::Tensor& t = *bias;
+  dense(fn, "bias", t);
+  TORCH_CHECK_TYPE(at::isFloatingType(t.scalar_type()), fn,
+                   ": bias must be a floating-point tensor, got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n, fn, ": bias must have shape (", n,
+                    ",), got ", t.sizes());
+  same_device(fn, "bias", t, first, device);
 }
 
 }  // namespace checks

@@ -14,6 +14,9 @@
 //
 // If fl32(qmax / absmax) overflows (absmax below ~1e-37), x and absmax are
 // first multiplied by 2^64 (exact), as the reference does.
+//
+// The two passes are also C++ functions (cpu/quantize.h) for quantized_gemm's CPU
+// kernel, which quantizes with a given range instead of max |x|.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -31,6 +34,7 @@
 #include "common/rng.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
+#include "cpu/quantize.h"
 #include "cpu/ranges.h"
 
 namespace qtrain {
@@ -51,9 +55,12 @@ QT_ALWAYS_INLINE uint32_t absmax_bits_body(const float* __restrict x, int64_t n)
   return m;
 }
 
-QT_ALWAYS_INLINE int32_t clamp_q(int32_t k, int32_t qmax) {
-  k = k < -qmax ? -qmax : k;
-  return k > qmax ? qmax : k;
+// clamp to [-qmax, qmax] in float, before the conversion to int: with a given range
+// (quantize_with_absmax) |v| may be far beyond int32. Rounding (or floor) and clamping
+// to integer bounds commute, so this is the reference's clamp(round(v)) (floor(w)).
+QT_ALWAYS_INLINE float clamp_q(float v, float qmax) {
+  v = v < -qmax ? -qmax : v;
+  return v > qmax ? qmax : v;
 }
 
 // Ties-to-even rounding that vectorizes on every x86 level: for |v| < 2^22,
@@ -66,21 +73,23 @@ QT_ALWAYS_INLINE float rint_small(float v) {
 
 QT_ALWAYS_INLINE void nearest_body(const float* __restrict x, int8_t* __restrict q, int64_t n,
                                    float pre, float inv, int32_t qmax) {
+  const float qf = static_cast<float>(qmax);
   for (int64_t i = 0; i < n; ++i) {
-    const float v = (x[i] * pre) * inv;
-    q[i] = static_cast<int8_t>(clamp_q(static_cast<int32_t>(rint_small(v)), qmax));
+    const float v = clamp_q((x[i] * pre) * inv, qf);
+    q[i] = static_cast<int8_t>(static_cast<int32_t>(rint_small(v)));
   }
 }
 
 QT_ALWAYS_INLINE void stochastic_body(const float* __restrict x, int8_t* __restrict q, int64_t n,
                                       float pre, float inv, int32_t qmax, uint32_t lo0,
                                       uint32_t k1, uint32_t kh) {
+  const float qf = static_cast<float>(qmax);
   for (int64_t i = 0; i < n; ++i) {
     const float u = rng::to_unit(rng::bits_lo(k1, kh, lo0 + static_cast<uint32_t>(i)));
-    const float w = (x[i] * pre) * inv + u;
-    int32_t k = static_cast<int32_t>(w);  // toward zero; |w| < 2^8
+    const float w = clamp_q((x[i] * pre) * inv + u, qf);
+    int32_t k = static_cast<int32_t>(w);  // toward zero; |w| <= qmax
     k -= (w < static_cast<float>(k)) ? 1 : 0;  // floor
-    q[i] = static_cast<int8_t>(clamp_q(k, qmax));
+    q[i] = static_cast<int8_t>(k);
   }
 }
 
@@ -116,7 +125,58 @@ QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
+}  // namespace
+
+// ---------------------------------------------------------------- shared (cpu/quantize.h)
+
+namespace cpu {
+
+uint32_t absmax_bits(const float* x, int64_t n) {
+  if (n == 0) return 0u;
+  const Kernels& K = kernels();
+  std::vector<uint32_t> partial(static_cast<size_t>(plan_threads(n, ranges::kGrain)), 0u);
+  ranges::parallel(n, [&](int t, int64_t b, int64_t e) {
+    partial[static_cast<size_t>(t)] = K.absmax_bits(x + b, e - b);
+  });
+  return *std::max_element(partial.begin(), partial.end());
+}
+
+void quantize_with_absmax(const float* x, int8_t* q, int64_t n, float absmax, int64_t bits,
+                          bool stochastic, uint64_t seed, uint64_t offset) {
+  if (n == 0) return;
+  if (absmax == 0.0f) {  // inv = 0: every value rounds to 0 (x is finite)
+    std::memset(q, 0, static_cast<size_t>(n));
+    return;
+  }
+  const int32_t qmax = (1 << (bits - 1)) - 1;
+  float pre = 1.0f;
+  float inv = static_cast<float>(qmax) / absmax;
+  if (!std::isfinite(inv)) {
+    pre = 18446744073709551616.0f;  // 2^64
+    inv = static_cast<float>(qmax) / (absmax * pre);
+  }
+  const Kernels& K = kernels();
+  if (!stochastic) {
+    ranges::parallel(n, [&](int, int64_t b, int64_t e) {
+      K.nearest(x + b, q + b, e - b, pre, inv, qmax);
+    });
+  } else {
+    const rng::Keys keys = rng::keys_from_seed(seed);
+    ranges::parallel(n, [&](int, int64_t b, int64_t e) {
+      ranges::for_counter_segments(offset, b, e,
+                                   [&](int64_t i, int64_t len, uint32_t lo, uint32_t hi) {
+                                     K.stochastic(x + i, q + i, len, pre, inv, qmax, lo,
+                                                  keys.k1, rng::block_key(keys, hi));
+                                   });
+    });
+  }
+}
+
+}  // namespace cpu
+
 // ---------------------------------------------------------------- op
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, int64_t bits,
                                                       bool stochastic, int64_t seed,
@@ -130,48 +190,18 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric(const at::Tensor& x_in, in
   const float* xp = x.const_data_ptr<float>();
   int8_t* qp = q.mutable_data_ptr<int8_t>();
   advise_huge_pages(qp, static_cast<size_t>(n));
-  const Kernels& K = kernels();
-
   // pass 1: absmax
-  std::vector<uint32_t> partial(static_cast<size_t>(plan_threads(n, ranges::kGrain)), 0u);
-  ranges::parallel(n, [&](int t, int64_t b, int64_t e) {
-    partial[static_cast<size_t>(t)] = K.absmax_bits(xp + b, e - b);
-  });
-  const uint32_t mbits = *std::max_element(partial.begin(), partial.end());
+  const uint32_t mbits = cpu::absmax_bits(xp, n);
   TORCH_CHECK_VALUE(mbits < 0x7f800000u,
                     "qtrain::quantize_symmetric: x contains NaN or Inf; quantization needs "
                     "finite values");
   float absmax;
   std::memcpy(&absmax, &mbits, sizeof absmax);
   const float scale = absmax / static_cast<float>(qmax);
-  at::Tensor scale_t = at::full({}, scale, x.options());
-  if (absmax == 0.0f) {
-    q.zero_();
-    return {q, scale_t};
-  }
-  float pre = 1.0f;
-  float inv = static_cast<float>(qmax) / absmax;
-  if (!std::isfinite(inv)) {
-    pre = 18446744073709551616.0f;  // 2^64
-    inv = static_cast<float>(qmax) / (absmax * pre);
-  }
-
   // pass 2: quantize
-  if (!stochastic) {
-    ranges::parallel(n, [&](int, int64_t b, int64_t e) {
-      K.nearest(xp + b, qp + b, e - b, pre, inv, qmax);
-    });
-  } else {
-    const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
-    ranges::parallel(n, [&](int, int64_t b, int64_t e) {
-      ranges::for_counter_segments(static_cast<uint64_t>(offset), b, e,
-                                   [&](int64_t i, int64_t len, uint32_t lo, uint32_t hi) {
-                                     K.stochastic(xp + i, qp + i, len, pre, inv, qmax, lo,
-                                                  keys.k1, rng::block_key(keys, hi));
-                                   });
-    });
-  }
-  return {q, scale_t};
+  cpu::quantize_with_absmax(xp, qp, n, absmax, bits, stochastic, static_cast<uint64_t>(seed),
+                            static_cast<uint64_t>(offset));
+  return {q, at::full({}, scale, x.options())};
 }
 
 }  // namespace

@@ -27,6 +27,11 @@ definition::
 
 so with the tensors' true absmax values it equals ``quantize_symmetric`` of
 each operand followed by :func:`int8_gemm`, bit for bit.
+
+The compiled backends are the ops ``torch.ops.qtrain.int8_gemm`` and
+``torch.ops.qtrain.quantized_gemm``, whose C++ fronts check their arguments for
+every device; the references check their own, so both refuse the same inputs
+with the same Python exception.
 """
 
 from __future__ import annotations
@@ -37,12 +42,35 @@ import torch
 from qtrain.ops import dispatch
 from qtrain.quant import quantize as qref
 from qtrain.quant.quantize import quantize_with_absmax
-from qtrain.quant.rng import check_counter_range, normalize_seed
+from qtrain.quant.rng import op_seed
 
 LAYOUTS = ("nn", "nt", "tn")
 GEMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing int8_gemm
 # compiled backends implementing quantized_gemm (quantization fused into the GEMM)
-QUANTIZED_GEMM_KERNELS: tuple[str, ...] = ("ext-cuda",)
+QUANTIZED_GEMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
+_MAX_COUNTER = 2**63 - 1
+
+
+# ------------------------------------------------------------------ the references' checks
+# The same checks, in the same order and with the same exceptions, as the ops' C++ fronts
+# (ext/ops/int8_gemm.cpp, ext/ops/quantized_gemm.cpp); the compiled path leaves them to those.
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _dense(name: str, t: object) -> torch.Tensor:
+    t = _tensor(name, t)
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    return t
 
 
 def _check_layout(layout: str) -> None:
@@ -50,7 +78,23 @@ def _check_layout(layout: str) -> None:
         raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
 
 
-def _layout_dims(a: torch.Tensor, b: torch.Tensor, layout: str) -> tuple[int, int, int]:
+def _check_operand(name: str, t: object, dtype: torch.dtype) -> torch.Tensor:
+    t = _dense(name, t)
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {_dtype_name(dtype)}, got {_dtype_name(t.dtype)}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-d, got shape {list(t.shape)}")
+    return t
+
+
+def _check_same_device(name: str, t: torch.Tensor, first: str, like: torch.Tensor) -> None:
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but {first} is on {like.device}")
+
+
+def _layout_dims(
+    a: torch.Tensor, b: torch.Tensor, layout: str, names: tuple[str, str] = ("qa", "qb")
+) -> tuple[int, int, int]:
     """(M, K, N) of the product of 2-d operands stored as ``layout`` says."""
     if layout == "nn":
         (m, k), (k2, n) = a.shape, b.shape
@@ -60,18 +104,73 @@ def _layout_dims(a: torch.Tensor, b: torch.Tensor, layout: str) -> tuple[int, in
         (k, m), (k2, n) = a.shape, b.shape
     if k != k2:
         raise ValueError(
-            f"int8_gemm({layout!r}): inner dimensions differ: qa {tuple(a.shape)}, qb {tuple(b.shape)}"
+            f"inner dimensions differ for layout {layout!r}: {names[0]} {list(a.shape)}, "
+            f"{names[1]} {list(b.shape)}"
         )
     return int(m), int(k), int(n)
 
 
-def _dims(qa: torch.Tensor, qb: torch.Tensor, layout: str) -> tuple[int, int, int]:
-    """(M, K, N) of the product, or ValueError naming the mismatch."""
+def _check_bias(bias: object, n: int, first: str, like: torch.Tensor) -> None:
+    if bias is None:
+        return
+    bias = _dense("bias", bias)
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point tensor, got {_dtype_name(bias.dtype)}")
+    if bias.dim() != 1 or bias.shape[0] != n:
+        raise ValueError(f"bias must have shape ({n},), got {list(bias.shape)}")
+    _check_same_device("bias", bias, first, like)
+
+
+def _check_int8_gemm(
+    qa: torch.Tensor, qb: torch.Tensor, layout: str, bias: torch.Tensor | None
+) -> tuple[int, int, int]:
+    """(M, K, N), or the exception the op's front raises for these arguments."""
     _check_layout(layout)
-    for name, t in (("qa", qa), ("qb", qb)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int8 or t.dim() != 2:
-            raise TypeError(f"{name} must be a 2-d int8 tensor, got {getattr(t, 'dtype', t)!r}")
-    return _layout_dims(qa, qb, layout)
+    _check_operand("qa", qa, torch.int8)
+    _check_operand("qb", qb, torch.int8)
+    _check_same_device("qb", qb, "qa", qa)
+    m, k, n = _layout_dims(qa, qb, layout)
+    _check_bias(bias, n, "qa", qa)
+    return m, k, n
+
+
+def _check_bits(name: str, bits: object) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer in 2..8, got {bits!r}")
+    if not 2 <= int(bits) <= 8:
+        raise ValueError(f"{name} must be an integer in 2..8, got {bits}")
+    return int(bits)
+
+
+def _check_range(name: str, absmax: torch.Tensor | float, a: torch.Tensor) -> float:
+    """A quantization range as a Python float: one value, on a's device or the CPU,
+    finite and >= 0 (ValueError otherwise)."""
+    t = torch.as_tensor(absmax, dtype=torch.float32)
+    if t.numel() != 1:
+        raise ValueError(f"{name} must hold one value, got shape {list(t.shape)}")
+    if t.device != a.device and t.device.type != "cpu":
+        raise ValueError(
+            f"{name} is on {t.device} but must be on a's device ({a.device}) or on the CPU"
+        )
+    value = float(t.reshape(()).item())
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    return value
+
+
+def _check_counters(name: str, of: str, n: int, offset: object) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, got {type(offset).__name__}")
+    if offset < 0:
+        raise ValueError(f"{name} must be >= 0, got {offset}")
+    if n > _MAX_COUNTER - offset:
+        raise ValueError(
+            f"{name} + numel of {of} must stay below 2^63, got {name} {offset} and numel {n}"
+        )
+    return int(offset)
+
+
+# ------------------------------------------------------------------ int8_gemm
 
 
 def combined_scale(scale_a: torch.Tensor | float, scale_b: torch.Tensor | float) -> float:
@@ -89,6 +188,7 @@ def reference_int8_gemm(
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pure-PyTorch definition: float64 products are exact for these integer ranges."""
+    _check_int8_gemm(qa, qb, layout, bias)
     a = qa.to(torch.float64)
     b = qb.to(torch.float64)
     if layout == "nt":
@@ -98,7 +198,7 @@ def reference_int8_gemm(
     # exact integers, |acc| < 2^53; "+ 0.0" makes a float64 -0.0 (e.g. K = 1 and -3 * 0)
     # the integer 0 it stands for, so the sign of a zero output is that of scale (+ bias)
     acc = a @ b + 0.0
-    out = acc.to(torch.float32) * torch.tensor(scale, dtype=torch.float32)
+    out = acc.to(torch.float32) * torch.tensor(scale, dtype=torch.float32, device=acc.device)
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out
@@ -113,33 +213,19 @@ def int8_gemm(
     bias: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """float32 ``dequant(qa) @ dequant(qb)`` in ``layout`` (see the module docstring), plus bias."""
-    m, _, n = _dims(qa, qb, layout)
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    """float32 ``dequant(qa) @ dequant(qb)`` in ``layout`` (see the module docstring), plus bias.
+
+    The op takes the scale as a number: a scale on the GPU is read back once here.
+    """
     scale = combined_scale(scale_a, scale_b)
-    chosen = dispatch.resolve("gemm", qa, backend, kernels=GEMM_KERNELS)
+    chosen = dispatch.resolve("gemm", _tensor("qa", qa), backend, kernels=GEMM_KERNELS)
     with dispatch.call("gemm", chosen):
-        if chosen == "ext-cpu":
-            from qtrain import backends
-
-            out = backends.ext_cpu().int8_gemm(qa, qb, scale, layout, bias)
-        elif chosen == "ext-cuda":
-            from qtrain import backends
-
-            out = backends.ext_cuda().int8_gemm(qa, qb, scale, layout, bias)
-        else:
-            out = reference_int8_gemm(qa, qb, scale, layout, bias)
-    assert out.shape == (m, n)
-    return out
+        if chosen == "reference":
+            return reference_int8_gemm(qa, qb, scale, layout, bias)
+        return torch.ops.qtrain.int8_gemm(qa, qb, scale, layout, bias)
 
 
-def _absmax_value(name: str, absmax: torch.Tensor | float) -> float:
-    """A quantization range as a Python float; ValueError unless finite and >= 0."""
-    value = float(torch.as_tensor(absmax, dtype=torch.float32).reshape(()).item())
-    if not np.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value}")
-    return value
+# ------------------------------------------------------------------ quantized_gemm
 
 
 def reference_quantized_gemm(
@@ -157,15 +243,23 @@ def reference_quantized_gemm(
     offset_b: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pure-PyTorch definition of :func:`quantized_gemm` (see the module docstring)."""
+    _check_layout(layout)
+    bits_a = _check_bits("bits_a", bits_a)
+    bits_b = _check_bits("bits_b", bits_b)
+    _check_operand("a", a, torch.float32)
+    _check_operand("b", b, torch.float32)
+    _check_same_device("b", b, "a", a)
+    _, _, n = _layout_dims(a, b, layout, ("a", "b"))
+    range_a = _check_range("absmax_a", absmax_a, a)
+    range_b = _check_range("absmax_b", absmax_b, a)
+    _check_bias(bias, n, "a", a)
+    offset_a = _check_counters("offset_a", "a", a.numel(), offset_a)
+    offset_b = _check_counters("offset_b", "b", b.numel(), offset_b)
     rounding = "stochastic" if stochastic else "nearest"
-    qa, scale_a = quantize_with_absmax(
-        a, _absmax_value("absmax_a", absmax_a), bits_a, rounding, seed, offset_a
-    )
-    qb, scale_b = quantize_with_absmax(
-        b, _absmax_value("absmax_b", absmax_b), bits_b, rounding, seed, offset_b
-    )
+    qa, scale_a = quantize_with_absmax(a, range_a, bits_a, rounding, seed, offset_a)
+    qb, scale_b = quantize_with_absmax(b, range_b, bits_b, rounding, seed, offset_b)
     out = reference_int8_gemm(qa, qb, combined_scale(scale_a, scale_b), layout, bias)
-    absmax = out.abs().max() if out.numel() else torch.zeros((), dtype=torch.float32)
+    absmax = out.abs().max() if out.numel() else torch.zeros((), device=out.device)
     return out, absmax.to(torch.float32).reshape(())
 
 
@@ -188,46 +282,19 @@ def quantized_gemm(
 
     ``a`` and ``b`` are float32 matrices stored as ``layout`` asks (as
     :func:`int8_gemm`'s ``qa``, ``qb``); ``absmax_a`` / ``absmax_b`` are their
-    quantization ranges (a float or a one-element tensor; on the GPU, pass the
-    previous call's returned absmax to avoid a device-to-host wait). On CUDA
-    the quantization of ``a`` happens inside the GEMM's tile loads.
+    quantization ranges (a float or a one-element tensor on a's device or the
+    CPU; on the GPU, pass the previous call's returned absmax to avoid a
+    device-to-host wait). On CUDA the quantization of ``a`` happens inside the
+    GEMM's tile loads.
     """
-    _check_layout(layout)
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.dim() != 2:
-            raise TypeError(f"{name} must be a 2-d float32 tensor, got {getattr(t, 'dtype', t)!r}")
-    m, _, n = _layout_dims(a, b, layout)
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
-    qref.check_bits(bits_a)
-    qref.check_bits(bits_b)
     rounding = qref.check_rounding(rounding)
-    seed = normalize_seed(seed)
-    check_counter_range(a.numel(), offset_a)
-    check_counter_range(b.numel(), offset_b)
-    chosen = dispatch.resolve("quantized_gemm", a, backend, kernels=QUANTIZED_GEMM_KERNELS)
+    stochastic = rounding == "stochastic"
+    chosen = dispatch.resolve(
+        "quantized_gemm", _tensor("a", a), backend, kernels=QUANTIZED_GEMM_KERNELS
+    )
     with dispatch.call("quantized_gemm", chosen):
-        if chosen == "ext-cuda":
-            from qtrain import backends
-
-            amax_a = torch.as_tensor(absmax_a, dtype=torch.float32).reshape(())
-            amax_b = torch.as_tensor(absmax_b, dtype=torch.float32).reshape(())
-            out, absmax = backends.ext_cuda().quantized_gemm(
-                a,
-                b,
-                amax_a,
-                amax_b,
-                bits_a,
-                bits_b,
-                layout,
-                bias,
-                rounding == "stochastic",
-                seed,
-                int(offset_a),
-                int(offset_b),
-            )
-        else:
-            out, absmax = reference_quantized_gemm(
+        if chosen == "reference":
+            return reference_quantized_gemm(
                 a,
                 b,
                 absmax_a,
@@ -236,10 +303,23 @@ def quantized_gemm(
                 bits_b,
                 layout,
                 bias,
-                rounding == "stochastic",
+                stochastic,
                 seed,
                 offset_a,
                 offset_b,
             )
-    assert out.shape == (m, n)
-    return out, absmax
+        out, absmax = torch.ops.qtrain.quantized_gemm(
+            a,
+            b,
+            torch.as_tensor(absmax_a, dtype=torch.float32),
+            torch.as_tensor(absmax_b, dtype=torch.float32),
+            bits_a,
+            bits_b,
+            layout,
+            bias,
+            stochastic,
+            op_seed(seed),
+            offset_a,
+            offset_b,
+        )
+        return out, absmax

@@ -1,6 +1,9 @@
-// INT8 GEMM on tensor cores with the dequantization (and bias) fused into the
-// epilogue, and its quantizing variant; the references are qtrain/ops/gemm.py
-// (reference_int8_gemm, reference_quantized_gemm), the CPU twin gemm_cpu.cpp.
+// What the CUDA GEMM ops share (int8_gemm_kernel.cu, quantized_gemm_kernel.cu): INT8
+// GEMM on tensor cores with the dequantization (and bias) fused into the epilogue, and
+// its quantizing variant; the references are qtrain/ops/gemm.py (reference_int8_gemm,
+// reference_quantized_gemm), the CPU twins cpu/int8_gemm_kernel.cpp and
+// cpu/quantized_gemm_kernel.cpp. Everything here is a template or inline, so each
+// kernel file instantiates only what it launches.
 //
 //   "nn": C[M,N] = A[M,K] @ B[K,N]   "nt": A[M,K] @ B[N,K]^T   "tn": A[K,M]^T @ B[K,N]
 //   C = fl32(float(acc) * scale) (+ bias[n])        acc = sum_k a*b, exact integers
@@ -23,23 +26,29 @@
 // and before the shared store, with pre / inv derived on the device from the given
 // absmax (quant_params) and stochastic draws at counter offset_a + flat index of the
 // element in A, exactly the rule of quantize_symmetric. B, the small operand that
-// every block reads, is quantized once up front (launch_quantize_given) instead of
-// once per block. The epilogue also reduces absmax of C (bit-pattern max, one
-// atomicMax per block): the next layer's scale input, without another pass.
+// every block reads, is quantized once up front (launch_quantize_given, in
+// quantized_gemm_kernel.cu) instead of once per block. The epilogue also reduces absmax
+// of C (bit-pattern max, one atomicMax per block): the next layer's scale input, without
+// another pass.
 //
 // Exactness: int32 accumulation is exact while |acc| < 2^31, i.e. K-chunks of at
 // most 65536 (|a*b| <= 2^14). Longer K, and small outputs with a long K (the "tn"
 // product dW = X^T dY), split K across blocks (grid.z): each block adds its int32
 // partial into an int64 workspace with atomicAdd (integer adds: order-free, so
 // deterministic), and a second kernel applies the float epilogue.
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
+#pragma once
 
-#include "tango_cuda.cuh"
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/string_view.h>
+
+#include <type_traits>
+
+#include "cuda/common.cuh"
 
 namespace qtrain {
 namespace cuda {
-namespace {
+namespace gemm {
 
 constexpr int BM = 64;          // rows of C per block
 constexpr int BN = 256;         // columns of C per block
@@ -49,6 +58,19 @@ constexpr int NT = 256;         // threads per block
 constexpr int64_t kChunkK = 65536;  // k per int32 accumulation (|acc| <= 2^30)
 
 enum Layout : int { kNN = 0, kNT = 1, kTN = 2 };
+
+// A layout the front has checked ("nn", "nt" or "tn").
+inline int layout_code(c10::string_view layout) {
+  return layout == "nn" ? kNN : layout == "nt" ? kNT : kTN;
+}
+
+// M, K, N of the product of the stored operands a, b.
+inline void gemm_dims(int lay, const at::Tensor& a, const at::Tensor& b, int64_t& M, int64_t& K,
+                      int64_t& N) {
+  M = lay == kTN ? a.size(1) : a.size(0);
+  K = lay == kTN ? a.size(0) : a.size(1);
+  N = lay == kNT ? b.size(0) : b.size(1);
+}
 
 // One operand as the kernel sees it: element (r, k) (r = m for A, n for B) at
 // p[r * ld + k] when k-contiguous (KC), else at p[k * ld + r]; `rows` = M or N.
@@ -386,11 +408,11 @@ __global__ void __launch_bounds__(NT, 2)
 }
 
 // Split-K epilogue: C = fl32(float(ws) * scale) (+ bias), absmax of C.
+template <bool QUANTIZED>
 __global__ void __launch_bounds__(NT)
-    finalize_kernel(const long long* __restrict__ ws, int64_t M, int64_t N, Epilogue ep,
-                    bool quantized) {
+    finalize_kernel(const long long* __restrict__ ws, int64_t M, int64_t N, Epilogue ep) {
   float scale = ep.scale;
-  if (quantized) {
+  if constexpr (QUANTIZED) {
     scale = __fmul_rn(__fdiv_rn(*ep.absmax_a, static_cast<float>(ep.qmax_a)),
                       __fdiv_rn(*ep.absmax_b, static_cast<float>(ep.qmax_b)));
   }
@@ -421,42 +443,13 @@ void launch_layout(const Operand& A, const Operand& B, int64_t K, int64_t k_chun
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-int parse_layout(const char* fn, const std::string& layout) {
-  if (layout == "nn") return kNN;
-  if (layout == "nt") return kNT;
-  if (layout == "tn") return kTN;
-  TORCH_CHECK_VALUE(false, fn, ": layout must be one of 'nn', 'nt', 'tn', got '", layout, "'");
-  return -1;
-}
-
-// M, K, N of the product; qa / qb are the stored (untransposed) operands.
-void dims(const char* fn, int lay, const std::string& layout, const at::Tensor& a,
-          const at::Tensor& b, int64_t& M, int64_t& K, int64_t& N) {
-  M = lay == kTN ? a.size(1) : a.size(0);
-  K = lay == kTN ? a.size(0) : a.size(1);
-  const int64_t K2 = lay == kNT ? b.size(1) : b.size(0);
-  N = lay == kNT ? b.size(0) : b.size(1);
-  TORCH_CHECK_VALUE(K == K2, fn, "('", layout, "'): inner dimensions differ: ", a.sizes(), ", ",
-                    b.sizes());
-}
-
-at::Tensor bias_arg(const char* fn, const std::optional<at::Tensor>& bias_in, int64_t N,
-                    const at::Device& dev) {
-  if (!bias_in.has_value() || !bias_in->defined()) return at::Tensor();
-  const at::Tensor& b = *bias_in;
-  TORCH_CHECK_TYPE(at::isFloatingType(b.scalar_type()), fn,
-                   ": bias must be a floating-point tensor, got ", b.scalar_type());
-  TORCH_CHECK_VALUE(b.dim() == 1 && b.size(0) == N, fn, ": bias must have shape (", N,
-                    ",), got ", b.sizes());
-  check_cuda_dense(fn, "bias", b);
-  check_same_device(fn, "bias", b, dev);
-  return b.to(at::kFloat).contiguous();
-}
-
 // Runs the product: A (int8 or float32 to quantize), B int8; fills ep.out.
+// Launch limits are the only checks here (the op fronts made the rest): N at most
+// 65535 column blocks (the grid's y size), M at most 2^31 - 1 row blocks.
 template <typename TA>
-void run_gemm(int lay, const at::Tensor& a, const at::Tensor& qb, int64_t M, int64_t K, int64_t N,
-              Epilogue ep, cudaStream_t stream, const at::TensorOptions& opts) {
+void run_gemm(const char* fn, int lay, const at::Tensor& a, const at::Tensor& qb, int64_t M,
+              int64_t K, int64_t N, Epilogue ep, cudaStream_t stream,
+              const at::TensorOptions& opts) {
   Operand A{a.const_data_ptr(), lay == kTN ? M : K, M};
   Operand B{qb.const_data_ptr(), lay == kNT ? K : N, N};
   const size_t a_align = std::is_same<TA, float>::value ? 16 : 4;
@@ -465,9 +458,10 @@ void run_gemm(int lay, const at::Tensor& a, const at::Tensor& qb, int64_t M, int
 
   const int64_t mt = (M + BM - 1) / BM;
   const int64_t nt = (N + BN - 1) / BN;
-  TORCH_CHECK_VALUE(nt <= 65535, "int8 GEMM: N = ", N, " is too large (at most ",
+  TORCH_CHECK_VALUE(nt <= 65535, fn, ": N = ", N, " is too large for the CUDA kernel (at most ",
                     int64_t{65535} * BN, ")");
-  TORCH_CHECK_VALUE(mt <= int64_t{0x7fffffff}, "int8 GEMM: M = ", M, " is too large");
+  TORCH_CHECK_VALUE(mt <= int64_t{0x7fffffff}, fn, ": M = ", M,
+                    " is too large for the CUDA kernel");
   // split K when one int32 chunk cannot hold it, or when the output has too few
   // tiles to fill the GPU and K is long enough to share
   int64_t splits = (K + kChunkK - 1) / kChunkK;
@@ -494,117 +488,12 @@ void run_gemm(int lay, const at::Tensor& a, const at::Tensor& qb, int64_t M, int
     launch_layout<TA, false, false>(A, B, K, k_chunk, grid, vec, ep, stream);
   }
   if (splits > 1) {
-    finalize_kernel<<<grid_for(M * N, NT), NT, 0, stream>>>(
-        reinterpret_cast<const long long*>(ep.ws), M, N, ep, std::is_same<TA, float>::value);
+    finalize_kernel<std::is_same<TA, float>::value><<<grid_for(M * N, NT), NT, 0, stream>>>(
+        reinterpret_cast<const long long*>(ep.ws), M, N, ep);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
-// A 0-d / 1-element float32 absmax on `dev`; a CPU value is checked (finite, >= 0) here.
-at::Tensor absmax_arg(const char* fn, const char* name, const at::Tensor& t, const at::Device& dev) {
-  TORCH_CHECK_TYPE(t.defined() && t.scalar_type() == at::kFloat, fn, ": ", name,
-                   " must be a float32 tensor");
-  TORCH_CHECK_VALUE(t.numel() == 1, fn, ": ", name, " must hold one value, got shape ",
-                    t.sizes());
-  if (t.device().is_cpu()) {
-    const float v = t.contiguous().const_data_ptr<float>()[0];
-    TORCH_CHECK_VALUE(std::isfinite(v) && v >= 0.0f, fn, ": ", name,
-                      " must be finite and >= 0, got ", v);
-    return t.reshape({1}).to(dev).contiguous();
-  }
-  check_same_device(fn, name, t, dev);
-  return t.reshape({1}).contiguous();
-}
-
-}  // namespace
-
-at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
-                     const std::string& layout, const std::optional<at::Tensor>& bias_in) {
-  constexpr const char* fn = "qtrain._ext_cuda.int8_gemm";
-  const int lay = parse_layout(fn, layout);
-  for (const auto* t : {&qa_in, &qb_in}) {
-    const char* name = t == &qa_in ? "qa" : "qb";
-    TORCH_CHECK_TYPE(t->scalar_type() == at::kChar, fn, ": ", name, " must be int8, got ",
-                     t->scalar_type());
-    TORCH_CHECK_VALUE(t->dim() == 2, fn, ": ", name, " must be 2-d, got ", t->dim(), "-d");
-    check_cuda_dense(fn, name, *t);
-  }
-  check_same_device(fn, "qb", qb_in, qa_in.device());
-  int64_t M, K, N;
-  dims(fn, lay, layout, qa_in, qb_in, M, K, N);
-  const c10::cuda::CUDAGuard guard(qa_in.device());
-  const at::Tensor bias = bias_arg(fn, bias_in, N, qa_in.device());
-  at::Tensor out = at::empty({M, N}, qa_in.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out;
-  const at::Tensor qa = qa_in.contiguous();
-  const at::Tensor qb = qb_in.contiguous();
-  Epilogue ep{};
-  ep.scale = static_cast<float>(scale);
-  ep.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  ep.out = out.mutable_data_ptr<float>();
-  run_gemm<int8_t>(lay, qa, qb, M, K, N, ep, current_stream(), qa.options());
-  return out;
-}
-
-std::tuple<at::Tensor, at::Tensor> quantized_gemm(const at::Tensor& a_in, const at::Tensor& b_in,
-                                                  const at::Tensor& absmax_a_in,
-                                                  const at::Tensor& absmax_b_in, int64_t bits_a,
-                                                  int64_t bits_b, const std::string& layout,
-                                                  const std::optional<at::Tensor>& bias_in,
-                                                  bool stochastic, uint64_t seed,
-                                                  int64_t offset_a, int64_t offset_b) {
-  constexpr const char* fn = "qtrain._ext_cuda.quantized_gemm";
-  const int lay = parse_layout(fn, layout);
-  TORCH_CHECK_VALUE(bits_a >= 2 && bits_a <= 8, fn, ": bits_a must be an integer in 2..8, got ",
-                    bits_a);
-  TORCH_CHECK_VALUE(bits_b >= 2 && bits_b <= 8, fn, ": bits_b must be an integer in 2..8, got ",
-                    bits_b);
-  for (const auto* t : {&a_in, &b_in}) {
-    const char* name = t == &a_in ? "a" : "b";
-    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, fn, ": ", name, " must be float32, got ",
-                     t->scalar_type());
-    TORCH_CHECK_VALUE(t->dim() == 2, fn, ": ", name, " must be 2-d, got ", t->dim(), "-d");
-    check_cuda_dense(fn, name, *t);
-  }
-  const at::Device dev = a_in.device();
-  check_same_device(fn, "b", b_in, dev);
-  check_counter_range(fn, a_in.numel(), offset_a);
-  check_counter_range(fn, b_in.numel(), offset_b);
-  int64_t M, K, N;
-  dims(fn, lay, layout, a_in, b_in, M, K, N);
-  const c10::cuda::CUDAGuard guard(dev);
-  const at::Tensor amax_a = absmax_arg(fn, "absmax_a", absmax_a_in, dev);
-  const at::Tensor amax_b = absmax_arg(fn, "absmax_b", absmax_b_in, dev);
-  const at::Tensor bias = bias_arg(fn, bias_in, N, dev);
-  at::Tensor out = at::empty({M, N}, a_in.options());
-  at::Tensor amax_bits = at::zeros({1}, a_in.options().dtype(at::kInt));
-  at::Tensor amax_out = amax_bits.view(at::kFloat).reshape({});
-  if (M == 0 || N == 0) return {out, amax_out};
-
-  cudaStream_t stream = current_stream();
-  const at::Tensor a = a_in.contiguous();
-  const at::Tensor b = b_in.contiguous();
-  const int qmax_a = (1 << (bits_a - 1)) - 1;
-  const int qmax_b = (1 << (bits_b - 1)) - 1;
-  // B is read by every row block: quantize it once rather than in each block's load
-  at::Tensor qb = at::empty(b.sizes(), b.options().dtype(at::kChar));
-  launch_quantize_given(b.const_data_ptr<float>(), qb.mutable_data_ptr<int8_t>(), b.numel(),
-                        amax_b.const_data_ptr<float>(), qmax_b, stochastic, seed,
-                        static_cast<uint64_t>(offset_b), nullptr, stream);
-  Epilogue ep{};
-  ep.absmax_a = amax_a.const_data_ptr<float>();
-  ep.absmax_b = amax_b.const_data_ptr<float>();
-  ep.qmax_a = qmax_a;
-  ep.qmax_b = qmax_b;
-  ep.stochastic = stochastic;
-  ep.keys = rng::keys_from_seed(seed);
-  ep.offset_a = static_cast<uint64_t>(offset_a);
-  ep.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  ep.out = out.mutable_data_ptr<float>();
-  ep.absmax_out = reinterpret_cast<uint32_t*>(amax_bits.mutable_data_ptr<int32_t>());
-  run_gemm<float>(lay, a, qb, M, K, N, ep, stream, a.options());
-  return {out, amax_out};
-}
-
+}  // namespace gemm
 }  // namespace cuda
 }  // namespace qtrain

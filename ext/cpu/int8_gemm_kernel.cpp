@@ -1,4 +1,6 @@
-// INT8 GEMM with the dequantization (and bias) fused into the store, on the CPU.
+// int8_gemm on the CPU (front: ops/int8_gemm.cpp): INT8 GEMM with the dequantization
+// (and bias) fused into the store. Also the product of quantized_gemm's CPU kernel
+// (cpu/quantized_gemm_kernel.cpp), which calls qtrain::cpu::int8_gemm (cpu/gemm.h).
 //
 //   "nn": C[M,N] = A[M,K] @ B[K,N]   "nt": A[M,K] @ B[N,K]^T   "tn": A[K,M]^T @ B[K,N]
 //   C = fl32(float(acc) * scale) (+ bias[n])        acc = sum_k a*b, exact
@@ -33,19 +35,18 @@
 // packs K-chunks of both operands and accumulates an int64 partial C; the
 // partials are summed at the end (integers: order-free, deterministic).
 // A large output buffer gets a transparent-huge-page hint before it is written
-// (advise_huge_pages, cpu_mem.h): writing fresh 4 KiB pages otherwise costs as much as the
+// (advise_huge_pages, cpu/mem.h): writing fresh 4 KiB pages otherwise costs as much as the
 // arithmetic.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
-#include <string>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -55,9 +56,9 @@
 #include <omp.h>
 #endif
 
-#include "cpu_isa.h"
-#include "cpu_mem.h"
-#include "qtrain_ops.h"
+#include "cpu/gemm.h"
+#include "cpu/isa.h"
+#include "cpu/mem.h"
 
 #if QT_X86_DISPATCH
 #include <immintrin.h>
@@ -753,39 +754,16 @@ void gemm_family(const Problem& p) {
 
 // ---------------------------------------------------------------- op
 
+namespace cpu {
+
 at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
-                     const std::string& layout, const std::optional<at::Tensor>& bias_in) {
-  constexpr const char* fn = "qtrain._ext.int8_gemm";
-  TORCH_CHECK_VALUE(layout == "nn" || layout == "nt" || layout == "tn", fn,
-                    ": layout must be one of 'nn', 'nt', 'tn', got '", layout, "'");
-  for (const auto* t : {&qa_in, &qb_in}) {
-    const char* name = t == &qa_in ? "qa" : "qb";
-    TORCH_CHECK_TYPE(t->scalar_type() == at::kChar, fn, ": ", name, " must be int8, got ",
-                     t->scalar_type());
-    TORCH_CHECK_VALUE(t->dim() == 2, fn, ": ", name, " must be 2-d, got ", t->dim(), "-d");
-    TORCH_CHECK_VALUE(t->device().is_cpu(), fn, ": ", name, " must be a CPU tensor, got device ",
-                      t->device());
-    TORCH_CHECK_VALUE(t->layout() == at::kStrided, fn, ": ", name,
-                      " must be a dense (strided) tensor");
-  }
+                     c10::string_view layout, const std::optional<at::Tensor>& bias_in) {
   const char lay = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
   const int64_t M = lay == 'T' ? qa_in.size(1) : qa_in.size(0);
   const int64_t K = lay == 'T' ? qa_in.size(0) : qa_in.size(1);
-  const int64_t K2 = lay == 't' ? qb_in.size(1) : qb_in.size(0);
   const int64_t N = lay == 't' ? qb_in.size(0) : qb_in.size(1);
-  TORCH_CHECK_VALUE(K == K2, fn, "('", layout, "'): inner dimensions differ: qa ", qa_in.sizes(),
-                    ", qb ", qb_in.sizes());
   at::Tensor bias;
-  if (bias_in.has_value()) {
-    bias = *bias_in;
-    TORCH_CHECK_TYPE(at::isFloatingType(bias.scalar_type()), fn,
-                     ": bias must be a floating-point tensor, got ", bias.scalar_type());
-    TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == N, fn, ": bias must have shape (", N,
-                      ",), got ", bias.sizes());
-    TORCH_CHECK_VALUE(bias.device().is_cpu(), fn, ": bias must be a CPU tensor, got device ",
-                      bias.device());
-    bias = bias.to(at::kFloat).contiguous();
-  }
+  if (bias_in.has_value() && bias_in->defined()) bias = bias_in->to(at::kFloat).contiguous();
   at::Tensor out = at::empty({M, N}, qa_in.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return out;
   const at::Tensor qa = qa_in.contiguous();
@@ -821,4 +799,7 @@ at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double sc
   return out;
 }
 
+}  // namespace cpu
 }  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("int8_gemm", &qtrain::cpu::int8_gemm); }

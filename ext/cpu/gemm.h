@@ -1,0 +1,22 @@
+// The CPU INT8 GEMM as a C++ function: the int8_gemm op's CPU kernel
+// (cpu/int8_gemm_kernel.cpp), which quantized_gemm's CPU kernel
+// (cpu/quantized_gemm_kernel.cpp) calls directly rather than through the dispatcher.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+
+namespace qtrain {
+namespace cpu {
+
+// C (float32 [M, N]) = fl32(float(sum_k qa * qb) * fl32(scale)) (+ bias[n]) for
+// layout "nn" (qa [M, K], qb [K, N]), "nt" (qb [N, K]) or "tn" (qa [K, M]); bias
+// float (any floating dtype, taken as float32) of N. Arguments as the op's front
+// (ops/int8_gemm.cpp) has checked them: int8 2-d CPU tensors, any strides.
+at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
+                     c10::string_view layout, const std::optional<at::Tensor>& bias);
+
+}  // namespace cpu
+}  // namespace qtrain
