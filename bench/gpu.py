@@ -48,7 +48,14 @@ from _record import ROOT, git_commit, write_json
 sys.path.insert(0, str(ROOT))
 
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
-TESTS = ("tests/ops", "tests/test_cuda_tango.py")
+TESTS = (
+    "tests/ops",
+    "tests/plugins",
+    "tests/test_backends.py",
+    "tests/test_ops_sparse.py",
+    "tests/test_ops_gemm.py",
+    "tests/test_ops_compress.py",
+)
 
 
 def build(log: Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""GPU timings of the exact / adaqp compression kernels (qtrain._ext_cuda, ext/compress_cuda.cu).
+"""GPU timings of the exact / adaqp compression ops' CUDA kernels (torch.ops.qtrain.*).
 
 ``run(quick)`` times, on activation-sized float32 inputs (2.4M x 128 and
 169,343 x 256; quick: 200,000 x 128 and 169,343 x 256), per-row quantize and
@@ -41,7 +41,7 @@ def _equal_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(view), b.view(view)) if view is not None else torch.equal(a, b)
 
 
-def verify(ext: Any) -> None:
+def verify(ops: Any) -> None:
     """Each timed kernel on a small input == the reference (RuntimeError otherwise)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(301, 37, generator=g) * 3 + 1
@@ -49,51 +49,51 @@ def verify(ext: Any) -> None:
     bad = []
     for bits in (1, 2, 4, 8):
         want = ref.quantize_rows(x, bits, "stochastic", 5, 2**32 - 100)
-        got = ext.quantize_rows(xg, bits, True, 5, 2**32 - 100)
+        got = ops.quantize_rows(xg, bits, True, 5, 2**32 - 100)
         if not all(_equal_bits(s, t) for s, t in zip(got, want, strict=True)):
             bad.append(f"quantize_rows bits={bits}")
-        back = ext.dequantize_rows(*got, bits, 37)
+        back = ops.dequantize_rows(*got, bits, 37)
         if not _equal_bits(back, ref.dequantize_rows(*want, bits, 37)):
             bad.append(f"dequantize_rows bits={bits}")
     xp = torch.randn(77, 64, generator=g)
     y = projection.project_rows(xp, 8, 3, 11)
     want = ref.quantize_rows(y, 2, "stochastic", 3, 0)
-    got = ext.project_quantize_rows(xp.cuda(), 8, 2, True, 3, 0, 11)
+    got = ops.project_quantize_rows(xp.cuda(), 8, 2, True, 3, 0, 11)
     if not all(_equal_bits(s, t) for s, t in zip(got, want, strict=True)):
         bad.append("project_quantize_rows")
     back = projection.unproject_rows(ref.dequantize_rows(*want, 2, 8), 64, 3, 11)
-    if not _equal_bits(ext.dequantize_unproject_rows(*got, 2, 8, 64, 3, 11), back):
+    if not _equal_bits(ops.dequantize_unproject_rows(*got, 2, 8, 64, 3, 11), back):
         bad.append("dequantize_unproject_rows")
     mask = torch.rand(1001, generator=g) > 0.5
     packed = ref.pack_bits(mask, 1)
-    if not _equal_bits(ext.pack_bits(mask.cuda(), 1), packed):
+    if not _equal_bits(ops.pack_bits(mask.cuda(), 1), packed):
         bad.append("pack_bits")
-    if not _equal_bits(ext.unpack_bits(packed.cuda(), 1, 1001), ref.unpack_bits(packed, 1, 1001)):
+    if not _equal_bits(ops.unpack_bits(packed.cuda(), 1, 1001), ref.unpack_bits(packed, 1, 1001)):
         bad.append("unpack_bits")
     grad = torch.randn(1001, generator=g)
     if not _equal_bits(
-        ext.masked_scale(grad.cuda(), packed.cuda(), 2.0), ref.masked_scale(grad, packed, 2.0)
+        ops.masked_scale(grad.cuda(), packed.cuda(), 2.0), ref.masked_scale(grad, packed, 2.0)
     ):
         bad.append("masked_scale")
     if bad:
         raise RuntimeError(f"CUDA kernels differ from the reference: {', '.join(bad)}")
 
 
-def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list[dict[str, Any]]:
+def _shape_rows(ops: Any, n_rows: int, width: int, bw: float, seed: int) -> list[dict[str, Any]]:
     """The rows of one activation shape (its tensors are freed on return)."""
     out: list[dict[str, Any]] = []
     x = torch.randn(n_rows, width, device="cuda")
     shape = tuple(x.shape)
     n = x.numel()
     for bits in (1, 2, 4, 8):
-        ms = median_ms(lambda b=bits: ext.quantize_rows(x, b, True, seed, 0))
+        ms = median_ms(lambda b=bits: ops.quantize_rows(x, b, True, seed, 0))
         base = median_ms(
             lambda b=bits: ref.quantize_rows(x, b, "stochastic", seed, 0), BASELINE_REPEATS, 1
         )
         moved = 4 * n + (n * bits + 7) // 8 + 4 * n_rows
         out.append(row(f"quantize_rows int{bits}", shape, ms, "reference on CUDA", base, moved, bw))
-        q = ext.quantize_rows(x, bits, True, seed, 0)
-        ms = median_ms(lambda b=bits, q=q: ext.dequantize_rows(*q, b, width))
+        q = ops.quantize_rows(x, bits, True, seed, 0)
+        ms = median_ms(lambda b=bits, q=q: ops.dequantize_rows(*q, b, width))
         base = median_ms(lambda b=bits, q=q: ref.dequantize_rows(*q, b, width), BASELINE_REPEATS, 1)
         out.append(
             row(f"dequantize_rows int{bits}", shape, ms, "reference on CUDA", base, moved, bw)
@@ -101,8 +101,8 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
     # the fused projection at D/R = 8, INT2 (the exact plugin's RP + INT2)
     k = projection.projected_width(width, 8)
     r_mat = projection.rademacher(width, k, seed, 0).cuda()
-    ms = median_ms(lambda: ext.project_quantize_rows(x, k, 2, True, seed, 0, 0))
-    base = median_ms(lambda: ext.quantize_rows(x @ r_mat, 2, True, seed, 0), BASELINE_REPEATS, 1)
+    ms = median_ms(lambda: ops.project_quantize_rows(x, k, 2, True, seed, 0, 0))
+    base = median_ms(lambda: ops.quantize_rows(x @ r_mat, 2, True, seed, 0), BASELINE_REPEATS, 1)
     moved = 4 * n + (n_rows * k * 2 + 7) // 8 + 4 * n_rows
     out.append(
         row(
@@ -115,9 +115,9 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
             bw,
         )
     )
-    got = ext.project_quantize_rows(x, k, 2, True, seed, 0, 0)
-    ms = median_ms(lambda: ext.dequantize_unproject_rows(*got, 2, k, width, seed, 0))
-    base = median_ms(lambda: ext.dequantize_rows(*got, 2, k) @ r_mat.t(), BASELINE_REPEATS, 1)
+    got = ops.project_quantize_rows(x, k, 2, True, seed, 0, 0)
+    ms = median_ms(lambda: ops.dequantize_unproject_rows(*got, 2, k, width, seed, 0))
+    base = median_ms(lambda: ops.dequantize_rows(*got, 2, k) @ r_mat.t(), BASELINE_REPEATS, 1)
     out.append(
         row(
             f"dequantize_unproject_rows int2 k={k}",
@@ -131,15 +131,15 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
     )
     # 1-bit masks: ReLU / dropout forward (pack), backward (unpack or masked_scale)
     mask = x > 0
-    ms = median_ms(lambda: ext.pack_bits(mask, 1))
+    ms = median_ms(lambda: ops.pack_bits(mask, 1))
     base = median_ms(lambda: ref.pack_bits(mask, 1), BASELINE_REPEATS, 1)
     moved = n + (n + 7) // 8
     out.append(row("pack_bits 1-bit mask", shape, ms, "reference on CUDA", base, moved, bw))
-    packed = ext.pack_bits(mask, 1)
-    ms = median_ms(lambda: ext.unpack_bits(packed, 1, n))
+    packed = ops.pack_bits(mask, 1)
+    ms = median_ms(lambda: ops.unpack_bits(packed, 1, n))
     base = median_ms(lambda: ref.unpack_bits(packed, 1, n), BASELINE_REPEATS, 1)
     out.append(row("unpack_bits 1-bit mask", shape, ms, "reference on CUDA", base, moved, bw))
-    ms = median_ms(lambda: ext.masked_scale(x, packed, 2.0))
+    ms = median_ms(lambda: ops.masked_scale(x, packed, 2.0))
     base = median_ms(lambda: torch.where(mask, x * 2.0, 0.0), BASELINE_REPEATS, 1)
     moved = 8 * n + (n + 7) // 8
     out.append(row("masked_scale", shape, ms, "torch.where on a bool mask", base, moved, bw))
@@ -147,11 +147,12 @@ def _shape_rows(ext: Any, n_rows: int, width: int, bw: float, seed: int) -> list
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    """Timing rows (see the module docstring); needs a GPU and the built qtrain._ext_cuda."""
+    """Timing rows (see the module docstring); needs a GPU and the op library's CUDA kernels."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench/gpu_compress.py needs a CUDA device")
-    ext = backends.ext_cuda()
-    verify(ext)
+    backends.ext_cuda()  # the library with its CUDA kernels, or QtrainError saying why not
+    ops = torch.ops.qtrain
+    verify(ops)
     torch.backends.cuda.matmul.allow_tf32 = False  # the baselines compute float32 products
     copy_bytes = 1 << 30
     bw = copy_bandwidth_gbps(copy_bytes)
@@ -159,7 +160,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     rows = [row("device copy", (copy_bytes // 4,), ms, None, None, 2 * copy_bytes, bw)]
     shapes = ((200_000, 128), (169_343, 256)) if quick else ((2_400_000, 128), (169_343, 256))
     for n_rows, width in shapes:
-        rows += _shape_rows(ext, n_rows, width, bw, seed=7)
+        rows += _shape_rows(ops, n_rows, width, bw, seed=7)
         torch.cuda.empty_cache()
     return rows
 

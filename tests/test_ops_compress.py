@@ -1,31 +1,30 @@
-"""Activation compression (exact plugin): the reference's properties, and ext == reference.
+"""Activation compression (exact plugin): the reference's properties and the Python fronts.
 
 The reference (``qtrain.quant.rowwise``, ``qtrain.quant.projection``) defines
-every float32 operation, so the ext-cpu kernels must agree bit for bit: packed
-bytes, the bfloat16 zero points and ranges, the dequantized floats, the
-Rademacher matrix and the fused projection kernels, for every ISA variant this
-CPU runs and 1 / 2 threads.
+every float32 operation; the compiled ops ``torch.ops.qtrain.*`` agree with it bit for
+bit, which ``tests/ops/test_<op>.py`` checks op by op on every device. Here: the
+reference's own properties, and the fronts of ``qtrain.ops.compress`` (the backend
+choice and its counting, the arguments they hand to the ops, and that every backend
+refuses the same inputs with the same exception).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import ext_or_skip, float_bits, varied_rows
+from conftest import float_bits, varied_rows
 
 from qtrain import backends
 from qtrain.ops import compress, dispatch
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
-from qtrain.quant.rng import normalize_seed
 
 BITS = (1, 2, 4, 8)
 ROUNDINGS = ("nearest", "stochastic")
-WIDTHS = (1, 3, 5, 17, 33, 127, 129, 256)
-# (seed, offset): offsets next to 2^32 make the counter's high word change inside a row
-STREAMS = ((0, 0), (-1, 2**32 - 50), (2**64 - 7, 12345))
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 def _assert_same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...], *why: object) -> None:
@@ -227,209 +226,52 @@ def test_reference_projection_round_trip_is_unbiased() -> None:
     assert float((mean - h).abs().mean()) < 0.15
 
 
-# ------------------------------------------------------------------ ext == reference
-
-
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("rounding", ROUNDINGS)
-def test_ext_quantize_rows_matches_reference(
-    bits: int, rounding: str, isas: list[str], threads: None
-) -> None:
-    ext = ext_or_skip()
-    for width in WIDTHS:
-        for rows in (0, 1, 37):
-            x = varied_rows(rows, width, seed=width * 100 + rows)
-            for seed, offset in STREAMS:
-                want = ref.quantize_rows(x, bits, rounding, seed, offset)
-                back = ref.dequantize_rows(*want, bits, width)
-                for i, isa in enumerate(isas):
-                    ext.set_isa(isa)
-                    torch.set_num_threads(1 + (i + rows) % 2)
-                    got = compress.quantize_rows(x, bits, rounding, seed, offset, "ext-cpu")
-                    why = (isa, torch.get_num_threads(), rows, width, seed, offset)
-                    _assert_same(got, want, *why)
-                    out = compress.dequantize_rows(*got, bits, width, backend="ext-cpu")
-                    _assert_same((out,), (back,), *why)
-
-
-@pytest.mark.parametrize("bits", BITS)
-def test_ext_rows_split_across_threads(bits: int, isas: list[str], threads: None) -> None:
-    """Enough elements that two threads really split the rows (width 129: blocks of 8 rows)."""
-    ext = ext_or_skip()
-    x = varied_rows(4201, 129, seed=bits)
-    for rounding in ROUNDINGS:
-        want = ref.quantize_rows(x, bits, rounding, 9, 2**32 - 300_001)
-        back = ref.dequantize_rows(*want, bits, 129)
-        for isa in isas:
-            ext.set_isa(isa)
-            for nt in (1, 2):
-                torch.set_num_threads(nt)
-                got = ext.quantize_rows(x, bits, rounding == "stochastic", 9, 2**32 - 300_001)
-                _assert_same(got, want, isa, nt, rounding)
-                _assert_same((ext.dequantize_rows(*got, bits, 129),), (back,), isa, nt, rounding)
-
-
-def test_ext_edge_rows_match_reference(isas: list[str]) -> None:
-    ext = ext_or_skip()
-    x = torch.zeros(8, 19)
-    x[1] = 3.0  # constant, bfloat16-exact
-    x[2] = -0.1  # constant, not bfloat16-exact
-    x[3, ::2] = -0.0  # signed zeros only
-    x[4] = torch.linspace(1e-39, 4e-39, 19)  # subnormal: fl32(B / range) overflows to inf
-    x[5] = torch.linspace(-3.0, 3.0, 19) * 1e38  # max - zero overflows to inf
-    x[6] = torch.linspace(-5.0, 7.0, 19)  # levels hit exactly: ties
-    x[7] = 1e30
-    noncontig = torch.randn(19, 8).t()  # a transposed view from autograd
-    for isa in isas:
-        ext.set_isa(isa)
-        for bits in BITS:
-            for rounding in ROUNDINGS:
-                want = ref.quantize_rows(x, bits, rounding, 3)
-                got = ext.quantize_rows(x, bits, rounding == "stochastic", 3, 0)
-                assert torch.equal(got[0], want[0]), (isa, bits, rounding)
-                # a zero point of +-0 may take either sign (torch's amin does not define it)
-                assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
-                a = ext.dequantize_rows(*got, bits, 19)
-                b = ref.dequantize_rows(*want, bits, 19)
-                # row 5 dequantizes with step = inf (q * inf is NaN): compared as packed above
-                assert torch.equal(a[:5], b[:5]) and torch.equal(a[6:], b[6:])
-                want = ref.quantize_rows(noncontig, bits, rounding, 3)
-                got = ext.quantize_rows(noncontig, bits, rounding == "stochastic", 3, 0)
-                _assert_same(got, want, isa, bits, rounding)
-
-
-def test_ext_empty_inputs(isas: list[str]) -> None:
-    ext = ext_or_skip()
-    for isa in isas[:1] + isas[-1:]:
-        ext.set_isa(isa)
-        for rows, width in ((0, 5), (5, 0), (0, 0)):
-            for bits in BITS:
-                x = torch.empty(rows, width)
-                got = ext.quantize_rows(x, bits, True, 0, 0)
-                _assert_same(got, ref.quantize_rows(x, bits), rows, width)
-                back = ext.dequantize_rows(*got, bits, width)
-                _assert_same((back,), (ref.dequantize_rows(*got, bits, width),))
-                assert ext.pack_bits(torch.empty(0, dtype=torch.uint8), bits).shape == (0,)
-                assert ext.unpack_bits(torch.empty(0, dtype=torch.uint8), bits, 0).shape == (0,)
-        assert ext.rademacher(0, 4, 0, 0).shape == (0, 4)
-
-
-def test_ext_non_finite_rows_dequantize_to_nan_as_the_reference(isas: list[str]) -> None:
-    """x should be finite; a NaN or Inf must not crash, and gives NaN rows as the reference."""
-    ext = ext_or_skip()
-    x = varied_rows(9, 21, seed=5)
-    x[1, 4] = float("nan")
-    x[2, 0] = float("inf")
-    x[3, 20] = -float("inf")
-    x[4, :3] = torch.tensor([float("inf"), -float("inf"), float("nan")])
-    x[5] = float("nan")
-    bad = torch.tensor([i in (1, 2, 3, 4, 5) for i in range(9)])
-    for isa in isas:
-        ext.set_isa(isa)
-        for bits in BITS:
-            for rounding in ROUNDINGS:
-                want = ref.quantize_rows(x, bits, rounding, 3)
-                got = ext.quantize_rows(x, bits, rounding == "stochastic", 3, 0)
-                assert torch.equal(got[0], want[0]), (isa, bits, rounding)
-                q = ref.unpack_bits(got[0], bits, x.numel()).reshape(9, 21)
-                assert not bool(q[bad].any())  # level 0 throughout
-                for g, w in zip(got[1:], want[1:], strict=True):
-                    # a NaN's sign and payload are torch's choice: compare as values
-                    torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
-                a = ext.dequantize_rows(*got, bits, 21)
-                b = ref.dequantize_rows(*want, bits, 21)
-                assert bool(a[bad].isnan().all()) and bool(b[bad].isnan().all())
-                assert torch.equal(a[~bad], b[~bad])
-
-
-def test_ext_argument_errors() -> None:
-    ext = ext_or_skip()
-    x = torch.randn(4, 3)
-    for bits in (0, 3, 16):
-        with pytest.raises(ValueError, match="1, 2, 4, 8"):
-            ext.quantize_rows(x, bits, True, 0, 0)
-        with pytest.raises(ValueError, match="1, 2, 4, 8"):
-            ext.pack_bits(torch.zeros(3, dtype=torch.uint8), bits)
-        with pytest.raises(ValueError, match="1, 2, 4, 8"):
-            ext.unpack_bits(torch.zeros(3, dtype=torch.uint8), bits, 3)
-    with pytest.raises(TypeError, match="2-d float32"):
-        ext.quantize_rows(x.double(), 4, True, 0, 0)
-    with pytest.raises(TypeError, match="2-d float32"):
-        ext.quantize_rows(x.reshape(-1), 4, True, 0, 0)
-    with pytest.raises(ValueError, match="offset"):
-        ext.quantize_rows(x, 4, True, 0, -1)
-    packed, zero, rng = ext.quantize_rows(x, 4, True, 0, 0)
-    with pytest.raises(TypeError, match="bfloat16"):
-        ext.dequantize_rows(packed, zero.float(), rng, 4, 3)
-    with pytest.raises(TypeError, match="bfloat16"):
-        ext.dequantize_rows(packed, zero, rng[:2], 4, 3)
-    with pytest.raises(TypeError, match="1-d uint8"):
-        ext.dequantize_rows(packed.to(torch.int32), zero, rng, 4, 3)
+def test_reference_masked_scale_refuses_a_short_mask_and_wrong_types() -> None:
+    grad = torch.randn(20)
     with pytest.raises(ValueError, match="need"):
-        ext.dequantize_rows(packed[:-1], zero, rng, 4, 3)
-    with pytest.raises(TypeError, match="uint8 or bool"):
-        ext.pack_bits(torch.zeros(3, dtype=torch.int32), 2)
-    with pytest.raises(TypeError, match="1-d uint8"):
-        ext.unpack_bits(torch.zeros(2, 2, dtype=torch.uint8), 2, 3)
-    with pytest.raises(ValueError, match="need"):
-        ext.unpack_bits(torch.zeros(2, dtype=torch.uint8), 2, 9)
-    for d, k in ((-1, 3), (3, 0)):
-        with pytest.raises(ValueError, match="d >= 0"):
-            ext.rademacher(d, k, 0, 0)
-    with pytest.raises(ValueError, match="offset"):
-        ext.rademacher(3, 3, 0, -1)
-    # the wrapper refuses bad bits / rounding / seeds before any backend runs
-    with pytest.raises(ValueError, match="rounding"):
-        compress.quantize_rows(x, 4, "up", backend="ext-cpu")
-    with pytest.raises(TypeError, match="seed"):
-        compress.quantize_rows(x, 4, seed=1.5, backend="ext-cpu")  # type: ignore[arg-type]
+        ref.masked_scale(grad, torch.zeros(2, dtype=torch.uint8), 1.0)
+    with pytest.raises(TypeError, match="float32"):
+        ref.masked_scale(grad.double(), torch.zeros(3, dtype=torch.uint8), 1.0)
 
 
-@pytest.mark.parametrize("bits", BITS)
-def test_ext_pack_unpack_match_reference(bits: int, isas: list[str], threads: None) -> None:
-    ext = ext_or_skip()
-    g = torch.Generator().manual_seed(bits)
-    big = 4 * (1 << 20) + 13  # enough 8-value groups for two threads
-    for n in (1, 3, 7, 8, 9, 13, 100, 1001, big):
-        v = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
-        want = ref.pack_bits(v, bits)
-        values = ref.unpack_bits(want, bits, n)
-        for i, isa in enumerate(isas):
-            ext.set_isa(isa)
-            for nt in (1, 2) if n == big else (1 + i % 2,):
-                torch.set_num_threads(nt)
-                got = ext.pack_bits(v, bits)
-                assert torch.equal(got, want), (isa, nt, n)
-                assert torch.equal(ext.unpack_bits(want, bits, n), values), (isa, nt, n)
-                # a longer buffer (as a caller may keep) decodes the same prefix
-                if n < 100:
-                    longer = torch.cat([want, torch.full((5,), 255, dtype=torch.uint8)])
-                    assert torch.equal(ext.unpack_bits(longer, bits, n), values)
-    mask = torch.rand(5, 7, generator=g) > 0.5
-    assert torch.equal(ext.pack_bits(mask, 1), ref.pack_bits(mask, 1))
-    assert torch.equal(ext.pack_bits(mask.t(), 1), ref.pack_bits(mask.t(), 1))
+def test_reference_segments_are_quantize_rows_laid_out() -> None:
+    """A segment is quantize_rows's packed values, then its bfloat16 zeros, then its
+    ranges; decoding it onto indexed rows is dequantize_rows, then a scatter (or add)."""
+    g = torch.Generator().manual_seed(0)
+    x = varied_rows(50, 17, seed=1)
+    index = torch.randperm(50, generator=g)[:21]
+    packed, zero, rng = ref.quantize_rows(x[index], 2, "stochastic", 3, 2**32 - 5)
+    out = torch.full((ref.segment_bytes(21, 17, 2),), 7, dtype=torch.uint8)
+    ref.quantize_rows_into(x, index, 2, "stochastic", 3, 2**32 - 5, out)
+    assert torch.equal(out, torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)]))
+    back = ref.dequantize_rows(packed, zero, rng, 2, 17)
+    where = torch.randperm(30, generator=g)[:21]
+    for add in (False, True):
+        base = torch.randn(30, 17, generator=g)
+        got = base.clone()
+        ref.dequantize_rows_into(out, 21, 2, got, where, add)
+        expect = base.clone()
+        expect[where] = base[where] + back if add else back
+        assert torch.equal(float_bits(got), float_bits(expect))
+    twice = torch.cat([where[:20], where[:1]])
+    with pytest.raises(ValueError, match="index names a row twice"):
+        ref.dequantize_rows_into(out, 21, 2, torch.zeros(30, 17), twice, False)
 
 
-def test_ext_rademacher_matches_reference(isas: list[str], threads: None) -> None:
-    ext = ext_or_skip()
-    shapes = ((1, 1), (3, 5), (17, 4), (256, 32), (1200, 600))
-    for seed, offset in STREAMS:
-        for d, k in shapes:
-            want = projection.rademacher(d, k, seed, offset)
-            for i, isa in enumerate(isas):
-                ext.set_isa(isa)
-                for nt in (1, 2) if d * k > 500_000 else (1 + i % 2,):
-                    torch.set_num_threads(nt)
-                    got = compress.rademacher(d, k, seed, offset, backend="ext-cpu")
-                    assert torch.equal(float_bits(got), float_bits(want)), (isa, nt, d, k, seed)
-    assert torch.equal(
-        ext.rademacher(3, 5, normalize_seed(-1), 7), projection.rademacher(3, 5, -1, 7)
-    )
+# ------------------------------------------------------------------ the Python fronts
 
 
-def test_auto_dispatch_picks_ext_cpu() -> None:
-    ext_or_skip()
-    x = varied_rows(10, 6, seed=0)
+def _compiled(device: str) -> str:
+    """The compiled backend of ``device``; a missing build fails (it never skips)."""
+    backend = "ext-cuda" if device == "cuda" else "ext-cpu"
+    assert backends.available(backend), backends.error(backend)
+    return backend
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_dispatch_picks_the_compiled_kernel(device: str) -> None:
+    backend = _compiled(device)
+    x = varied_rows(10, 6, seed=0).to(device)
     dispatch.reset()
     try:
         packed, zero, rng = compress.quantize_rows(x, 2, "nearest")
@@ -438,169 +280,299 @@ def test_auto_dispatch_picks_ext_cpu() -> None:
         assert torch.equal(
             compress.unpack_mask(compress.pack_mask(mask), mask.numel()), mask.reshape(-1)
         )
-        compress.rademacher(6, 2, seed=1)
+        compress.masked_scale(x, compress.pack_mask(mask), 2.0)
+        got = compress.project_quantize_rows(x, 3, 2, "stochastic", 1, 0, 9)
+        compress.dequantize_unproject_rows(*got, 2, 3, 6, 1, 9)
+        compress.rademacher(6, 2, seed=1, device=device)
         counts = dispatch.snapshot()
-        for prim in ("compress", "decompress", "pack", "unpack", "rademacher"):
-            assert counts[prim] == {"ext-cpu": 1}, (prim, counts)
+        for prim in (
+            "compress",
+            "decompress",
+            "rademacher",
+            "project+compress",
+            "decompress+unproject",
+        ):
+            assert counts[prim] == {backend: 1}, (prim, counts)
+        assert counts["pack"] == {backend: 2} and counts["unpack"] == {backend: 2}, counts
         assert dispatch.fallbacks() == []
         dispatch.reset()
-        want = compress.quantize_rows(x, 2, "nearest", backend="reference")
+        want = compress.quantize_rows(x.cpu(), 2, "nearest", backend="reference")
         assert dispatch.snapshot() == {"compress": {"reference": 1}}
-        _assert_same((packed, zero, rng), want)
+        assert torch.equal(packed.cpu(), want[0]) and torch.equal(rng.cpu(), want[2])
     finally:
         dispatch.reset()
 
 
-# ------------------------------------------------------------------ masked_scale
+@pytest.mark.parametrize("device", DEVICES)
+def test_fronts_agree_across_backends(device: str) -> None:
+    """Every front gives the reference's bits with the compiled backend: the seeds (any
+    64-bit value), rounding names, offsets and shapes reach the ops as they should."""
+    backend = _compiled(device)
+    x = varied_rows(40, 19, seed=2).to(device)
+    index = torch.tensor([3, 0, 39, 7, 7], device=device)
+    where = torch.tensor([5, 1, 2, 0, 9], device=device)
 
+    def same(a: object, b: object) -> None:
+        a = a if isinstance(a, tuple) else (a,)
+        b = b if isinstance(b, tuple) else (b,)
+        _assert_same(tuple(t.cpu() for t in a), tuple(t.cpu() for t in b))
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 63, 1000, 300_001])
-@pytest.mark.parametrize("scale", [1.0, 1.0 / 0.3, 2.0])
-def test_masked_scale_ext_matches_reference(n: int, scale: float, threads: None) -> None:
-    ext = ext_or_skip()
-    g = torch.Generator().manual_seed(n)
-    grad = torch.randn(n, generator=g)
-    if n:
-        grad[0] = float("nan")  # a kept NaN stays NaN, a dropped one becomes 0
-    mask = torch.rand(n, generator=g) > 0.4
-    packed = ref.pack_bits(mask, 1)
-    want = ref.masked_scale(grad, packed, scale)
-    assert torch.equal(want[~mask], torch.zeros(int((~mask).sum())))
-    kept = grad[mask] * torch.tensor(scale, dtype=torch.float32)
-    assert torch.equal(want[mask].nan_to_num(7.0), kept.nan_to_num(7.0))
-    for t in (1, 2):
-        torch.set_num_threads(t)
-        got = ext.masked_scale(grad, packed, scale)
-        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
-
-
-def test_masked_scale_refuses_a_short_mask_and_wrong_types() -> None:
-    grad = torch.randn(20)
-    with pytest.raises(ValueError, match="need"):
-        ref.masked_scale(grad, torch.zeros(2, dtype=torch.uint8), 1.0)
-    with pytest.raises(TypeError, match="float32"):
-        ref.masked_scale(grad.double(), torch.zeros(3, dtype=torch.uint8), 1.0)
-    ext = ext_or_skip()
-    with pytest.raises(ValueError, match="need"):
-        ext.masked_scale(grad, torch.zeros(2, dtype=torch.uint8), 1.0)
-    with pytest.raises(TypeError, match="float32"):
-        ext.masked_scale(grad.double(), torch.zeros(3, dtype=torch.uint8), 1.0)
-
-
-# ------------------------------------------------------------------ fused projection kernels
-
-# (rows, d, k): odd widths, k above d, k not a multiple of any vector width, 1 x 1,
-# no rows, no input columns; enough rows for several 4-row tiles and 64-row stages
-PROJECTION_SHAPES = (
-    (37, 256, 32),
-    (5, 17, 3),
-    (9, 33, 40),
-    (1, 1, 1),
-    (70, 64, 8),
-    (130, 100, 33),
-    (0, 16, 4),
-    (6, 0, 5),
-)
-
-
-def _fused_reference(
-    x: torch.Tensor, k: int, bits: int, rounding: str, seed: int, offset: int, proj: int
-) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    y = projection.project_rows(x, k, seed, proj)
-    want = ref.quantize_rows(y, bits, rounding, seed, offset)
-    back = projection.unproject_rows(ref.dequantize_rows(*want, bits, k), x.shape[1], seed, proj)
-    return want, back
-
-
-@pytest.mark.parametrize("bits", BITS)
-@pytest.mark.parametrize("rounding", ROUNDINGS)
-def test_ext_fused_projection_matches_reference(
-    bits: int, rounding: str, isas: list[str], threads: None
-) -> None:
-    ext_or_skip()
-    for rows, d, k in PROJECTION_SHAPES:
-        x = varied_rows(rows, d, seed=rows * 7 + d) if d else torch.empty(rows, 0)
-        for seed, offset in STREAMS[:2]:
-            proj = offset // 3
-            want, back = _fused_reference(x, k, bits, rounding, seed, offset, proj)
-            for i, isa in enumerate(isas):
-                backends.ext_cpu().set_isa(isa)
-                torch.set_num_threads(1 + (i + rows) % 2)
-                got = compress.project_quantize_rows(
-                    x, k, bits, rounding, seed, offset, proj, backend="ext-cpu"
+    for seed in (0, -1, 2**64 - 7, 2**40 + 3):
+        for rounding in ROUNDINGS:
+            args = (x, 4, rounding, seed, 2**32 - 100)
+            q = compress.quantize_rows(*args, backend=backend)
+            same(q, compress.quantize_rows(*args, backend="reference"))
+            for b in (backend, "reference"):
+                same(
+                    compress.dequantize_rows(*q, 4, 19, backend=b),
+                    ref.dequantize_rows(*(t.cpu() for t in q), 4, 19),
                 )
-                why = (isa, torch.get_num_threads(), rows, d, k, seed)
-                _assert_same(got, want, *why)
-                out = compress.dequantize_unproject_rows(
-                    *got, bits, k, d, seed, proj, backend="ext-cpu"
-                )
-                _assert_same((out,), (back,), *why)
+            args = (x, 5, 2, rounding, seed, 7, 2**32 - 30)
+            p = compress.project_quantize_rows(*args, backend=backend)
+            same(p, compress.project_quantize_rows(*args, backend="reference"))
+            back = (*p, 2, 5, 19, seed, 2**32 - 30)
+            same(
+                compress.dequantize_unproject_rows(*back, backend=backend),
+                compress.dequantize_unproject_rows(*back, backend="reference"),
+            )
+            outs = []
+            for b in (backend, "reference"):
+                out = torch.zeros(ref.segment_bytes(5, 19, 2), dtype=torch.uint8, device=device)
+                compress.quantize_rows_into(x, index, 2, seed, 11, out, rounding, backend=b)
+                outs.append(out)
+            same(outs[0], outs[1])
+            for add in (False, True):
+                into = [torch.ones(10, 19, device=device) for _ in range(2)]
+                compress.dequantize_rows_into(outs[0], 5, 2, into[0], where, add, backend)
+                compress.dequantize_rows_into(outs[0], 5, 2, into[1], where, add, "reference")
+                same(into[0], into[1])
+        same(
+            compress.rademacher(7, 3, seed, 2**32 - 10, backend=backend, device=device),
+            compress.rademacher(7, 3, seed, 2**32 - 10, backend="reference"),
+        )
+    mask = x > 0.3
+    packed = compress.pack_mask(mask, backend=backend)
+    same(packed, compress.pack_mask(mask, backend="reference"))
+    for b in (backend, "reference"):
+        unpacked = compress.unpack_mask(packed, mask.numel(), backend=b)
+        assert unpacked.dtype == torch.bool and torch.equal(unpacked.cpu(), mask.reshape(-1).cpu())
+    same(
+        compress.masked_scale(x, packed, 1 / 0.3, backend=backend),
+        compress.masked_scale(x, packed, 1 / 0.3, backend="reference"),
+    )
 
 
-def test_ext_fused_projection_split_across_threads(isas: list[str], threads: None) -> None:
-    """Enough rows that two threads split them (k = 17: blocks of 8 rows), zero and constant rows."""
-    ext = ext_or_skip()
-    x = varied_rows(3001, 129, seed=4)
-    for bits in (1, 2):
-        want, back = _fused_reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
-        for isa in isas:
-            ext.set_isa(isa)
-            for nt in (1, 2):
-                torch.set_num_threads(nt)
-                got = ext.project_quantize_rows(x, 17, bits, True, 9, 2**32 - 30_001, 77)
-                _assert_same(got, want, isa, nt, bits)
-                out = ext.dequantize_unproject_rows(*got, bits, 17, 129, 9, 77)
-                _assert_same((out,), (back,), isa, nt, bits)
+def _bad_calls(device: str) -> list[tuple[str, type[Exception], str, Callable[[str], object]]]:
+    """(name, exception, match, call(backend)): inputs every backend of a front refuses."""
+    x = varied_rows(4, 6, seed=3).to(device)
+    q = compress.quantize_rows(x, 4, backend="reference")
+    p = compress.project_quantize_rows(x, 3, 2, backend="reference")
+    u8 = torch.zeros(3, dtype=torch.uint8, device=device)
+    seg = torch.zeros(ref.segment_bytes(3, 6, 4), dtype=torch.uint8, device=device)
+    into = torch.zeros(4, 6, device=device)
+    idx = torch.tensor([0, 1, 2], device=device)
+    return [
+        (
+            "rows bits 3",
+            ValueError,
+            "1, 2, 4, 8",
+            lambda b: compress.quantize_rows(x, 3, backend=b),
+        ),
+        (
+            "rows rounding",
+            ValueError,
+            "rounding",
+            lambda b: compress.quantize_rows(x, 4, "up", backend=b),
+        ),
+        (
+            "rows seed",
+            TypeError,
+            "seed",
+            lambda b: compress.quantize_rows(x, 4, seed=1.5, backend=b),
+        ),
+        (
+            "rows float64",
+            TypeError,
+            "2-d float32",
+            lambda b: compress.quantize_rows(x.double(), 4, backend=b),
+        ),
+        (
+            "rows 1-d",
+            TypeError,
+            "2-d float32",
+            lambda b: compress.quantize_rows(x[0], 4, backend=b),
+        ),
+        (
+            "rows offset",
+            ValueError,
+            "offset",
+            lambda b: compress.quantize_rows(x, 4, offset=-1, backend=b),
+        ),
+        (
+            "dequantize bits 3",
+            ValueError,
+            "1, 2, 4, 8",
+            lambda b: compress.dequantize_rows(*q, 3, 6, b),
+        ),
+        (
+            "dequantize float zero",
+            TypeError,
+            "bfloat16",
+            lambda b: compress.dequantize_rows(q[0], q[1].float(), q[2], 4, 6, b),
+        ),
+        (
+            "dequantize short",
+            ValueError,
+            "need",
+            lambda b: compress.dequantize_rows(q[0][:-1], q[1], q[2], 4, 6, b),
+        ),
+        (
+            "project k 0",
+            ValueError,
+            "k >= 1",
+            lambda b: compress.project_quantize_rows(x, 0, 2, backend=b),
+        ),
+        (
+            "project bits 3",
+            ValueError,
+            "1, 2, 4, 8",
+            lambda b: compress.project_quantize_rows(x, 2, 3, backend=b),
+        ),
+        (
+            "project rounding",
+            ValueError,
+            "rounding",
+            lambda b: compress.project_quantize_rows(x, 2, 2, "up", backend=b),
+        ),
+        (
+            "project float64",
+            TypeError,
+            "2-d float32",
+            lambda b: compress.project_quantize_rows(x.double(), 2, 2, backend=b),
+        ),
+        (
+            "project offset",
+            ValueError,
+            "offset",
+            lambda b: compress.project_quantize_rows(x, 2, 2, projection_offset=-1, backend=b),
+        ),
+        (
+            "unproject k 0",
+            ValueError,
+            "k >= 1",
+            lambda b: compress.dequantize_unproject_rows(*p, 2, 0, 6, backend=b),
+        ),
+        (
+            "unproject d -1",
+            ValueError,
+            "d >= 0",
+            lambda b: compress.dequantize_unproject_rows(*p, 2, 3, -1, backend=b),
+        ),
+        (
+            "unproject bits 3",
+            ValueError,
+            "1, 2, 4, 8",
+            lambda b: compress.dequantize_unproject_rows(*p, 3, 3, 6, backend=b),
+        ),
+        ("pack int32", TypeError, "uint8 or bool", lambda b: compress.pack_mask(u8.int(), b)),
+        ("unpack 2-d", TypeError, "1-d uint8", lambda b: compress.unpack_mask(u8[None], 3, b)),
+        ("unpack short", ValueError, "need", lambda b: compress.unpack_mask(u8, 25, b)),
+        (
+            "masked float64",
+            TypeError,
+            "float32",
+            lambda b: compress.masked_scale(x.double(), u8, 1.0, b),
+        ),
+        ("masked short", ValueError, "need", lambda b: compress.masked_scale(x, u8[:2], 1.0, b)),
+        (
+            "rademacher d -1",
+            ValueError,
+            "d >= 0",
+            lambda b: compress.rademacher(-1, 3, backend=b, device=device),
+        ),
+        (
+            "rademacher k 0",
+            ValueError,
+            "k >= 1",
+            lambda b: compress.rademacher(3, 0, backend=b, device=device),
+        ),
+        (
+            "rademacher offset",
+            ValueError,
+            "offset",
+            lambda b: compress.rademacher(3, 3, 0, -1, backend=b, device=device),
+        ),
+        (
+            "into bits 3",
+            ValueError,
+            "1, 2, 4, 8",
+            lambda b: compress.quantize_rows_into(x, idx, 3, 0, 0, seg, backend=b),
+        ),
+        (
+            "into float64",
+            TypeError,
+            "2-d float32",
+            lambda b: compress.quantize_rows_into(x.double(), idx, 4, 0, 0, seg, backend=b),
+        ),
+        (
+            "into short segment",
+            ValueError,
+            "",
+            lambda b: compress.quantize_rows_into(x, idx, 4, 0, 0, seg[:-1], backend=b),
+        ),
+        (
+            "into index outside",
+            IndexError,
+            "",
+            lambda b: compress.quantize_rows_into(x, idx + 2, 4, 0, 0, seg, backend=b),
+        ),
+        (
+            "from bits 3",
+            ValueError,
+            "1, 2, 4, 8",
+            lambda b: compress.dequantize_rows_into(seg, 3, 3, into, idx, backend=b),
+        ),
+        (
+            "from short segment",
+            ValueError,
+            "segment has",
+            lambda b: compress.dequantize_rows_into(seg[:-1], 3, 4, into, idx, backend=b),
+        ),
+        (
+            "from row twice",
+            ValueError,
+            "twice",
+            lambda b: compress.dequantize_rows_into(seg, 3, 4, into, idx * 0, backend=b),
+        ),
+        (
+            "from index outside",
+            IndexError,
+            "",
+            lambda b: compress.dequantize_rows_into(seg, 3, 4, into, idx + 2, backend=b),
+        ),
+    ]
 
 
-def test_ext_fused_projection_of_zero_constant_and_non_finite_rows(isas: list[str]) -> None:
-    ext = ext_or_skip()
-    x = torch.zeros(6, 40)
-    x[1] = 3.0
-    x[2, ::3] = -0.0
-    x[3, 5] = float("nan")
-    x[4, 0] = float("inf")
-    x[5] = torch.linspace(-2.0, 2.0, 40)
-    finite = torch.tensor([True, True, True, False, False, True])
-    want, back = _fused_reference(x, 8, 2, "stochastic", 1, 0, 0)
-    assert torch.equal(back[0], torch.zeros(40))  # a zero row projects and comes back as zeros
-    for isa in isas:
-        ext.set_isa(isa)
-        got = ext.project_quantize_rows(x, 8, 2, True, 1, 0, 0)
-        assert torch.equal(got[0], want[0]), isa
-        for g, w in zip(got[1:], want[1:], strict=True):
-            torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
-        out = ext.dequantize_unproject_rows(*got, 2, 8, 40, 1, 0)
-        assert torch.equal(out[finite], back[finite]), isa
-        assert bool(out[~finite].isnan().all()) and bool(back[~finite].isnan().all())
-
-
-def test_ext_fused_projection_argument_errors() -> None:
-    ext = ext_or_skip()
-    x = torch.randn(4, 6)
-    with pytest.raises(ValueError, match="k >= 1"):
-        ext.project_quantize_rows(x, 0, 2, True, 0, 0, 0)
-    with pytest.raises(ValueError, match="bits must be one of"):
-        ext.project_quantize_rows(x, 2, 3, True, 0, 0, 0)
-    with pytest.raises(TypeError, match="float32"):
-        ext.project_quantize_rows(x.double(), 2, 2, True, 0, 0, 0)
-    with pytest.raises(ValueError, match="offset must be >= 0"):
-        ext.project_quantize_rows(x, 2, 2, True, 0, 0, -1)
-    packed, zero, rng = ext.project_quantize_rows(x, 3, 2, True, 0, 0, 0)
-    with pytest.raises(ValueError, match="need"):
-        ext.dequantize_unproject_rows(packed[:1], zero, rng, 2, 3, 6, 0, 0)
-    with pytest.raises(ValueError, match="k >= 1"):
-        ext.dequantize_unproject_rows(packed, zero, rng, 2, 0, 6, 0, 0)
-    with pytest.raises(ValueError, match="d >= 0"):
-        ext.dequantize_unproject_rows(packed, zero, rng, 2, 3, -1, 0, 0)
-    with pytest.raises(ValueError, match="k must be >= 1"):
-        compress.project_quantize_rows(x, 0, 2)
-    with pytest.raises(ValueError, match="rounding must be one of"):
-        compress.project_quantize_rows(x, 2, 2, "up")
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_backend_refuses_the_same_inputs(device: str) -> None:
+    """The compiled ops' C++ fronts and the references refuse the same inputs with the
+    same Python exception (the fronts no longer check what the ops check)."""
+    backend = _compiled(device)
+    wrong = []
+    for name, error, match, call in _bad_calls(device):
+        for b in (backend, "reference"):
+            try:
+                call(b)
+            except Exception as exc:
+                if type(exc) is not error or match not in str(exc):
+                    wrong.append(f"{name} [{b}]: {type(exc).__name__}: {exc}")
+            else:
+                wrong.append(f"{name} [{b}]: returned")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_fused_projection_dispatch_is_counted() -> None:
-    ext_or_skip()
+    _compiled("cpu")
     x = varied_rows(12, 16, seed=3)
     dispatch.reset()
     try:
@@ -618,114 +590,9 @@ def test_fused_projection_dispatch_is_counted() -> None:
         dispatch.reset()
 
 
-# ------------------------------------------------------------------ message segments
-
-
-def _segment_reference(
-    x: torch.Tensor, index: torch.Tensor | None, bits: int, seed: int, offset: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(segment bytes, dequantized rows) of x[index] by the reference row kernels."""
-    rows = x if index is None else x[index]
-    packed, zero, rng = ref.quantize_rows(rows, bits, "stochastic", seed, offset)
-    segment = torch.cat([packed, zero.view(torch.uint8), rng.view(torch.uint8)])
-    if rows.shape[0] == 0:
-        segment = segment[:0]
-    return segment, ref.dequantize_rows(packed, zero, rng, bits, x.shape[1])
-
-
-@pytest.mark.parametrize("bits", BITS)
-def test_ext_segments_match_reference(bits: int, isas: list[str], threads: None) -> None:
-    """Gathered, quantized and laid out in one pass == gather, quantize_rows, concatenate;
-    decoded into (or added onto) indexed rows == dequantize_rows, then scatter."""
-    ext = ext_or_skip()
-    g = torch.Generator().manual_seed(bits)
-    for width in (1, 5, 17, 129, 256):
-        x = varied_rows(300, width, seed=width + bits)
-        for index in (
-            None,
-            torch.randperm(300, generator=g)[:97],
-            torch.tensor([4, 4, 0]),
-            torch.empty(0, dtype=torch.int64),
-        ):
-            for seed, offset in STREAMS:
-                want, back = _segment_reference(x, index, bits, seed, offset)
-                rows = back.shape[0]
-                where = torch.randperm(rows + 11, generator=g)[:rows]
-                base = torch.randn(rows + 11, width, generator=g)
-                for i, isa in enumerate(isas):
-                    ext.set_isa(isa)
-                    torch.set_num_threads(1 + i % 2)
-                    why = (isa, width, None if index is None else index.numel(), seed, offset)
-                    out = torch.full((ref.segment_bytes(rows, width, bits),), 7, dtype=torch.uint8)
-                    compress.quantize_rows_into(
-                        x, index, bits, seed, offset, out, backend="ext-cpu"
-                    )
-                    assert torch.equal(out, want), why
-                    ref_out = torch.empty_like(out)
-                    compress.quantize_rows_into(
-                        x, index, bits, seed, offset, ref_out, backend="reference"
-                    )
-                    assert torch.equal(ref_out, want), why
-                    for add in (False, True):
-                        for backend in ("ext-cpu", "reference"):
-                            got = base.clone()
-                            compress.dequantize_rows_into(out, rows, bits, got, where, add, backend)
-                            expect = base.clone()
-                            expect[where] = base[where] + back if add else back
-                            assert torch.equal(float_bits(got), float_bits(expect)), (
-                                *why,
-                                add,
-                                backend,
-                            )
-                    in_order = torch.empty(rows, width)
-                    compress.dequantize_rows_into(out, rows, bits, in_order, backend="ext-cpu")
-                    assert torch.equal(float_bits(in_order), float_bits(back)), why
-
-
-def test_ext_segments_split_across_threads_and_at_odd_bytes(threads: None) -> None:
-    """Enough rows for two threads; a segment whose zero points start at an odd byte."""
-    ext = ext_or_skip()
-    x = varied_rows(5000, 129, seed=5)
-    index = torch.randperm(5000)[:4321]
-    for bits in BITS:
-        want, back = _segment_reference(x, index, bits, 3, 2**32 - 77)
-        for nt in (1, 2):
-            torch.set_num_threads(nt)
-            out = torch.empty(want.numel() + 1, dtype=torch.uint8)[1:]  # an odd address
-            ext.quantize_rows_into(x, index, bits, True, 3, 2**32 - 77, out)
-            assert torch.equal(out, want), (bits, nt)
-            into = torch.zeros(4321, 129)
-            ext.dequantize_rows_into(out, 4321, bits, into, None, True)
-            assert torch.equal(float_bits(into), float_bits(back + 0.0)), (bits, nt)
-
-
-def test_ext_segment_argument_errors() -> None:
-    ext = ext_or_skip()
-    x = torch.randn(6, 5)
-    out = torch.empty(ref.segment_bytes(3, 5, 4), dtype=torch.uint8)
-    with pytest.raises(IndexError, match=r"index\[1\] = 6 is outside \[0, 6\)"):
-        ext.quantize_rows_into(x, torch.tensor([0, 6, 1]), 4, True, 0, 0, out)
-    with pytest.raises(ValueError, match="the segment has 20 bytes, its rows need 33"):
-        ext.quantize_rows_into(x, torch.tensor([0, 1, 2, 3, 4]), 4, True, 0, 0, out[:20].clone())
-    with pytest.raises(TypeError, match="index must be a 1-d int64 tensor"):
-        ext.quantize_rows_into(x, torch.tensor([0.0]), 4, True, 0, 0, out)
-    ext.quantize_rows_into(x, torch.tensor([0, 1, 2]), 4, True, 0, 0, out)
-    into = torch.zeros(4, 5)
-    with pytest.raises(ValueError, match="index names row 1 twice"):
-        ext.dequantize_rows_into(out, 3, 4, into, torch.tensor([1, 0, 1]), False)
-    with pytest.raises(ValueError, match="index names a row twice"):
-        ref.dequantize_rows_into(out, 3, 4, into, torch.tensor([1, 0, 1]), False)
-    with pytest.raises(ValueError, match="without an index the segment's 3 rows must fill out's 4"):
-        ext.dequantize_rows_into(out, 3, 4, into, None, False)
-    with pytest.raises(ValueError, match="out must be a contiguous CPU tensor"):
-        ext.dequantize_rows_into(out, 3, 4, torch.zeros(5, 3).t(), torch.tensor([0, 1, 2]), False)
-    with pytest.raises(ValueError, match="bits"):
-        ext.quantize_rows_into(x, None, 3, True, 0, 0, out)
-
-
 def test_segments_of_rows_without_values() -> None:
     """Width 0: each row still carries its (zero) zero point and range, as the reference."""
-    ext_or_skip()
+    _compiled("cpu")
     x = torch.empty(5, 0)
     for backend in ("ext-cpu", "reference"):
         out = torch.full((ref.segment_bytes(3, 0, 2),), 9, dtype=torch.uint8)

@@ -118,6 +118,100 @@ inline void gemm_bias(const char* fn, const std::optional<at::Tensor>& bias, int
   TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n, fn, ": bias must have shape (", n,
                     ",), got ", t.sizes());
   same_device(fn, "bias", t, first, device);
+
+// ---------------------------------------------------------------- row codecs, bit packing
+
+// Bits per value of the row codecs and bit packing (ops/quantize_rows.cpp and the rest).
+inline void pack_bits_in(const char* fn, int64_t bits) {
+  TORCH_CHECK_VALUE(bits == 1 || bits == 2 || bits == 4 || bits == 8, fn,
+                    ": bits must be one of 1, 2, 4, 8, got ", bits);
+}
+
+// Values a packed stream may hold: at most 2^60, so n * bits never overflows.
+inline void element_count(const char* fn, int64_t n) {
+  TORCH_CHECK_VALUE(n >= 0 && n <= (int64_t{1} << 60), fn,
+                    ": element count must be in [0, 2^60], got ", n);
+}
+
+// Bytes that n values of `bits` bits take packed (n <= 2^60).
+inline int64_t packed_bytes(int64_t n, int64_t bits) { return (n * bits + 7) / 8; }
+
+// rows x width values stay at most 2^60 (`what` names the width: "width", "k", "d").
+inline void rows_times(const char* fn, int64_t rows, int64_t width, const char* what) {
+  TORCH_CHECK_VALUE(width == 0 || rows <= (int64_t{1} << 60) / width, fn, ": rows * ", what,
+                    " too large: ", rows, " x ", width);
+}
+
+// float32 rows [rows, width], dense.
+inline void float_rows(const char* fn, const char* name, const at::Tensor& t) {
+  dense(fn, name, t);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat && t.dim() == 2, fn, ": ", name,
+                   " must be a 2-d float32 tensor [rows, width], got ", dtype_name(t.scalar_type()),
+                   " ", t.sizes());
+}
+
+// A 1-d uint8 tensor (a packed stream or a message segment), dense.
+inline void byte_stream(const char* fn, const char* name, const at::Tensor& t) {
+  dense(fn, name, t);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte && t.dim() == 1, fn, ": ", name,
+                   " must be a 1-d uint8 tensor, got ", dtype_name(t.scalar_type()), " ",
+                   t.sizes());
+}
+
+// (packed, zero, range) of rows x width values as quantize_rows returns them; returns rows
+// (= zero.numel()). packed may be longer than the values need.
+inline int64_t quantized_rows(const char* fn, const at::Tensor& packed, const at::Tensor& zero,
+                              const at::Tensor& range, int64_t bits, int64_t width) {
+  pack_bits_in(fn, bits);
+  byte_stream(fn, "packed", packed);
+  dense(fn, "zero", zero);
+  dense(fn, "range", range);
+  TORCH_CHECK_TYPE(zero.scalar_type() == at::kBFloat16 && range.scalar_type() == at::kBFloat16 &&
+                       zero.dim() == 1 && zero.sizes() == range.sizes(),
+                   fn, ": zero and range must be bfloat16 tensors of one shape [rows], got ",
+                   dtype_name(zero.scalar_type()), " ", zero.sizes(), " and ",
+                   dtype_name(range.scalar_type()), " ", range.sizes());
+  same_device(fn, "zero", zero, "packed", packed.device());
+  same_device(fn, "range", range, "packed", packed.device());
+  TORCH_CHECK_VALUE(width >= 0, fn, ": width must be >= 0, got ", width);
+  const int64_t rows = zero.numel();
+  rows_times(fn, rows, width, "width");
+  const int64_t n = rows * width;
+  TORCH_CHECK_VALUE(packed.numel() >= packed_bytes(n, bits), fn, ": packed has ", packed.numel(),
+                    " bytes, ", n, " values of ", bits, " bits need ", packed_bytes(n, bits));
+  return rows;
+}
+
+// The [d, k] Rademacher matrix of a projection, its counters offset .. offset + d * k - 1.
+inline void projection(const char* fn, int64_t d, int64_t k, int64_t offset) {
+  TORCH_CHECK_VALUE(d >= 0 && k >= 1, fn, ": need d >= 0 and k >= 1, got d=", d, ", k=", k);
+  TORCH_CHECK_VALUE(d <= (int64_t{1} << 40) / k, fn, ": the projection matrix is too large: d=",
+                    d, ", k=", k);
+  counter_range(fn, d * k, offset);
+}
+
+// Bytes of a message segment of rows quantized rows: packed values, bf16 zeros, bf16 ranges.
+inline int64_t segment_bytes(int64_t rows, int64_t width, int64_t bits) {
+  return rows == 0 ? 0 : packed_bytes(rows * width, bits) + 4 * rows;
+}
+
+// A contiguous 1-d uint8 segment of exactly `expected` bytes.
+inline void segment(const char* fn, const at::Tensor& t, int64_t expected) {
+  dense(fn, "the segment", t);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte && t.dim() == 1, fn,
+                   ": the segment must be a 1-d uint8 tensor, got ", dtype_name(t.scalar_type()),
+                   " ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), fn, ": the segment must be a contiguous tensor");
+  TORCH_CHECK_VALUE(t.numel() == expected, fn, ": the segment has ", t.numel(),
+                    " bytes, its rows need ", expected);
+}
+
+// A 1-d int64 row index (the row codecs' gathers and scatters).
+inline void row_index(const char* fn, const at::Tensor& t) {
+  dense(fn, "index", t);
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong && t.dim() == 1, fn,
+                   ": index must be a 1-d int64 tensor, got ", dtype_name(t.scalar_type()), " ",
+                   t.sizes());
 }
 
 }  // namespace checks

@@ -2,22 +2,25 @@
 
 The math is defined once in :mod:`qtrain.quant.rowwise` (per-row quantization,
 bit packing) and :mod:`qtrain.quant.projection` (the Rademacher matrix); these
-wrappers validate arguments once, pick a backend per call and count it under
-the primitive names ``compress`` / ``decompress`` / ``pack`` / ``unpack`` /
-``rademacher``, and the fused ``project+compress`` / ``decompress+unproject``
-(one pass over the activation instead of a GEMM, a quantize and their
-intermediate tensor). Backends agree bit for bit.
+wrappers pick a backend per call and count it under the primitive names
+``compress`` / ``decompress`` / ``pack`` / ``unpack`` / ``rademacher``, and the
+fused ``project+compress`` / ``decompress+unproject`` (one pass over the
+activation instead of a GEMM, a quantize and their intermediate tensor).
+
+The compiled backends are the ops ``torch.ops.qtrain.*`` (one call for both
+devices: the dispatcher routes by the tensors' device), whose C++ fronts check
+their arguments for every device; the references check their own. Both refuse
+the same inputs with the same Python exception and agree bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
-from qtrain import backends
 from qtrain.ops import dispatch
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
-from qtrain.quant.rng import check_counter_range, normalize_seed
+from qtrain.quant.rng import op_seed
 
 # compiled backends implementing each primitive
 COMPRESS_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
@@ -35,23 +38,14 @@ def quantize_rows(
 
     Returns ``(packed uint8 [ceil(rows*width*bits/8)], zero bf16 [rows], range bf16 [rows])``.
     """
-    bits = ref.check_pack_bits(bits)
-    ref.check_rounding(rounding)
-    seed = normalize_seed(seed)
-    check_counter_range(x.numel(), offset)
+    rounding = ref.check_rounding(rounding)
     chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("compress", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().quantize_rows(
-                x, bits, rounding == "stochastic", seed, int(offset)
-            )
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().quantize_rows(
-                x, bits, rounding == "stochastic", seed, int(offset)
-            )
-        else:
-            out = ref.quantize_rows(x, bits, rounding, seed, offset)
-    return out
+        if chosen == "reference":
+            return ref.quantize_rows(x, bits, rounding, seed, offset)
+        return torch.ops.qtrain.quantize_rows(
+            x, bits, rounding == "stochastic", op_seed(seed), offset
+        )
 
 
 def dequantize_rows(
@@ -63,16 +57,11 @@ def dequantize_rows(
     backend: str = "auto",
 ) -> torch.Tensor:
     """float32 ``[rows, width]`` back from :func:`quantize_rows`."""
-    bits = ref.check_pack_bits(bits)
     chosen = dispatch.resolve("decompress", packed, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("decompress", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().dequantize_rows(packed, zero, rng, bits, int(width))
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().dequantize_rows(packed, zero, rng, bits, int(width))
-        else:
-            out = ref.dequantize_rows(packed, zero, rng, bits, width)
-    return out
+        if chosen == "reference":
+            return ref.dequantize_rows(packed, zero, rng, bits, width)
+        return torch.ops.qtrain.dequantize_rows(packed, zero, rng, bits, width)
 
 
 def project_quantize_rows(
@@ -88,27 +77,16 @@ def project_quantize_rows(
     """:func:`quantize_rows` of ``project_rows(x, k)``: float32 ``x [rows, d]`` to ``k``
     columns by the Rademacher matrix at ``projection_offset``, then quantized (rounding
     draws at ``offset``)."""
-    bits = ref.check_pack_bits(bits)
-    ref.check_rounding(rounding)
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    seed = normalize_seed(seed)
-    check_counter_range(x.shape[0] * k if x.dim() == 2 else 0, offset)
-    check_counter_range(x.shape[-1] * k if x.dim() == 2 else 0, projection_offset)
+    rounding = ref.check_rounding(rounding)
     chosen = dispatch.resolve("project+compress", x, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("project+compress", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().project_quantize_rows(
-                x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
-            )
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().project_quantize_rows(
-                x, int(k), bits, rounding == "stochastic", seed, int(offset), int(projection_offset)
-            )
-        else:
+        if chosen == "reference":
+            ref.check_pack_bits(bits)  # before the projection's work, as the op's front
             y = projection.project_rows(x, k, seed, projection_offset)
-            out = ref.quantize_rows(y, bits, rounding, seed, offset)
-    return out
+            return ref.quantize_rows(y, bits, rounding, seed, offset)
+        return torch.ops.qtrain.project_quantize_rows(
+            x, k, bits, rounding == "stochastic", op_seed(seed), offset, projection_offset
+        )
 
 
 def dequantize_unproject_rows(
@@ -124,50 +102,36 @@ def dequantize_unproject_rows(
 ) -> torch.Tensor:
     """float32 ``[rows, d]`` back from :func:`project_quantize_rows`: dequantized, then
     ``unproject_rows`` by the same matrix."""
-    bits = ref.check_pack_bits(bits)
-    if k < 1 or d < 0:
-        raise ValueError(f"need k >= 1 and d >= 0, got k={k}, d={d}")
-    seed = normalize_seed(seed)
-    check_counter_range(d * k, projection_offset)
     chosen = dispatch.resolve("decompress+unproject", packed, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("decompress+unproject", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().dequantize_unproject_rows(
-                packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
-            )
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().dequantize_unproject_rows(
-                packed, zero, rng, bits, int(k), int(d), seed, int(projection_offset)
-            )
-        else:
+        if chosen == "reference":
+            ref.check_pack_bits(bits)
+            if k < 1 or d < 0:  # before k sizes anything, as the op's front
+                raise ValueError(f"need d >= 0 and k >= 1, got d={d}, k={k}")
             y = ref.dequantize_rows(packed, zero, rng, bits, k)
-            out = projection.unproject_rows(y, d, seed, projection_offset)
-    return out
+            return projection.unproject_rows(y, d, seed, projection_offset)
+        return torch.ops.qtrain.dequantize_unproject_rows(
+            packed, zero, rng, bits, k, d, op_seed(seed), projection_offset
+        )
 
 
 def pack_mask(mask: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """A bool tensor as a dense bit stream, 1 bit per element."""
     chosen = dispatch.resolve("pack", mask, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("pack", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().pack_bits(mask.reshape(-1).view(torch.uint8), 1)
-        else:
-            out = ref.pack_bits(mask, 1)
-    return out
+        if chosen == "reference":
+            return ref.pack_bits(mask, 1)
+        return torch.ops.qtrain.pack_bits(mask, 1)
 
 
 def unpack_mask(packed: torch.Tensor, n: int, backend: str = "auto") -> torch.Tensor:
     """The first ``n`` bits of a stream from :func:`pack_mask`, as a flat bool tensor."""
     chosen = dispatch.resolve("unpack", packed, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("unpack", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().unpack_bits(packed, 1, int(n))
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().unpack_bits(packed, 1, int(n))
-        else:
+        if chosen == "reference":
             out = ref.unpack_bits(packed, 1, n)
+        else:
+            out = torch.ops.qtrain.unpack_bits(packed, 1, n)
     return out.view(torch.bool)
 
 
@@ -177,13 +141,9 @@ def masked_scale(
     """``grad * scale`` where the packed 1-bit mask is set, else 0 (ReLU / dropout backward)."""
     chosen = dispatch.resolve("unpack", packed, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("unpack", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().masked_scale(grad, packed, float(scale))
-        elif chosen == "ext-cuda":
-            out = backends.ext_cuda().masked_scale(grad, packed, float(scale))
-        else:
-            out = ref.masked_scale(grad, packed, scale)
-    return out
+        if chosen == "reference":
+            return ref.masked_scale(grad, packed, scale)
+        return torch.ops.qtrain.masked_scale(grad, packed, float(scale))
 
 
 def rademacher(
@@ -199,15 +159,12 @@ def rademacher(
     probe = torch.empty(0, device=device)
     chosen = dispatch.resolve("rademacher", probe, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("rademacher", chosen):
-        if chosen == "ext-cpu":
-            out = backends.ext_cpu().rademacher(int(d), int(k), normalize_seed(seed), int(offset))
-        elif chosen == "ext-cuda":
-            with torch.cuda.device(probe.device):  # the kernel allocates on the current device
-                out = backends.ext_cuda().rademacher(
-                    int(d), int(k), normalize_seed(seed), int(offset)
-                )
-        else:
-            out = projection.rademacher(d, k, seed, offset).to(probe.device)
+        if chosen == "reference":
+            return projection.rademacher(d, k, seed, offset).to(probe.device)
+        if d < 0 or k < 1:  # the op fills a [d, k] tensor, which must exist first
+            raise ValueError(f"need d >= 0 and k >= 1, got d={d}, k={k}")
+        out = torch.empty(d, k, device=probe.device)
+        torch.ops.qtrain.fill_rademacher(out, op_seed(seed), offset)
     return out
 
 
@@ -224,24 +181,15 @@ def quantize_rows_into(
     """:func:`quantize_rows` of ``x[index]`` (all rows if None) written into the uint8
     segment ``out`` (packed values, bf16 zeros, bf16 ranges): a halo message is
     gathered, quantized and laid out in one pass, into a buffer the caller reuses."""
-    bits = ref.check_pack_bits(bits)
-    ref.check_rounding(rounding)
-    seed = normalize_seed(seed)
-    rows = x.shape[0] if index is None else index.numel()
-    check_counter_range(rows * (x.shape[1] if x.dim() == 2 else 0), offset)
+    rounding = ref.check_rounding(rounding)
     chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("compress", chosen):
-        if chosen == "ext-cpu":
-            backends.ext_cpu().quantize_rows_into(
-                x, index, bits, rounding == "stochastic", seed, int(offset), out
-            )
-        elif chosen == "ext-cuda":  # the gather and the layout in torch, the kernel compiled
-            quantized = backends.ext_cuda().quantize_rows(
-                x if index is None else x[index], bits, rounding == "stochastic", seed, int(offset)
-            )
-            ref.write_segment(out, *quantized, x.shape[1], bits)
-        else:
+        if chosen == "reference":
             ref.quantize_rows_into(x, index, bits, rounding, seed, offset, out)
+        else:
+            torch.ops.qtrain.quantize_rows_into(
+                x, index, bits, rounding == "stochastic", op_seed(seed), offset, out
+            )
 
 
 def dequantize_rows_into(
@@ -256,10 +204,9 @@ def dequantize_rows_into(
     """The ``rows`` rows of a :func:`quantize_rows_into` segment dequantized into
     ``out[index]`` (``out``'s rows in order if None), or added onto them with ``add``:
     halo rows land where the layer reads them, gradients where their owner sums them."""
-    bits = ref.check_pack_bits(bits)
     chosen = dispatch.resolve("decompress", segment, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("decompress", chosen):
-        if chosen == "ext-cpu":
-            backends.ext_cpu().dequantize_rows_into(segment, int(rows), bits, out, index, add)
-        else:  # CUDA: the composition below runs its kernels through torch
+        if chosen == "reference":
             ref.dequantize_rows_into(segment, rows, bits, out, index, add)
+        else:
+            torch.ops.qtrain.dequantize_rows_into(segment, rows, bits, out, index, add)
