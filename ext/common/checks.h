@@ -118,6 +118,7 @@ inline void gemm_bias(const char* fn, const std::optional<at::Tensor>& bias, int
   TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n, fn, ": bias must have shape (", n,
                     ",), got ", t.sizes());
   same_device(fn, "bias", t, first, device);
+}
 
 // ---------------------------------------------------------------- row codecs, bit packing
 
