@@ -68,7 +68,9 @@ def _torch_lib_dir() -> str:
 
 
 def _glob(*patterns: str) -> list[str]:
-    return _rel([p for pattern in patterns for p in glob.glob(os.path.join(ROOT, EXT_DIR, pattern))])
+    return _rel(
+        [p for pattern in patterns for p in glob.glob(os.path.join(ROOT, EXT_DIR, pattern))]
+    )
 
 
 def cpu_sources() -> list[str]:

@@ -12,12 +12,11 @@ import pytest
 import torch
 
 
-def ext_or_skip() -> ModuleType:
-    """qtrain._ext, or skip the test with the reason the backend reports."""
+def require_ext() -> ModuleType:
+    """qtrain._ext, the op library's module; a missing build fails the test (CI builds it)."""
     from qtrain import backends
 
-    if not backends.available("ext-cpu"):
-        pytest.skip(f"qtrain._ext not built: {backends.error('ext-cpu')}")
+    assert backends.available("ext-cpu"), backends.error("ext-cpu")
     return backends.ext_cpu()
 
 
@@ -43,7 +42,7 @@ def float_bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def isas() -> Iterator[list[str]]:
     """Every ISA variant this CPU runs; the variant in use is restored afterwards."""
-    ext = ext_or_skip()
+    ext = require_ext()
     before = ext.info()["isa"]
     yield list(ext.info()["isa_supported"])
     ext.set_isa(before)

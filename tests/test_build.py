@@ -42,7 +42,10 @@ def test_every_op_has_a_front_and_a_kernel_per_device_side_by_side() -> None:
     fronts = {p.stem for p in (ext / "ops").glob("*.cpp")}
     assert fronts == set(FAKES)
     for device, suffix in (("cpu", ".cpp"), ("cuda", ".cu")):
-        kernels = {p.name.removesuffix("_kernel" + suffix) for p in (ext / device).glob("*_kernel" + suffix)}
+        kernels = {
+            p.name.removesuffix("_kernel" + suffix)
+            for p in (ext / device).glob("*_kernel" + suffix)
+        }
         assert kernels == fronts, f"{device}: no kernel file for {sorted(fronts - kernels)}"
 
 

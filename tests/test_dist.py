@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ext_or_skip
+from conftest import require_ext
 
 from qtrain._compat import import_dgl
 from qtrain.dist.adaptive import message_coefficients
@@ -164,7 +164,7 @@ def _one_peer_layout(plan: BitPlan, rows: torch.Tensor | int, dim: int) -> Layou
 @pytest.mark.parametrize("shape", [(7, 5), (1, 1), (0, 3), (33, 17)])
 def test_messages_round_trip_within_one_level(bits: int, shape: tuple[int, int]) -> None:
     if bits != 32:
-        ext_or_skip()  # the reference quantizer is slow but exact; ext keeps this test quick
+        require_ext()  # the reference quantizer is slow but exact; ext keeps this test quick
     x = torch.randn(*shape)
     if shape[0] > 2:
         x[1] = 0.0  # a zero row
@@ -195,7 +195,7 @@ def test_mixed_width_messages_land_on_their_rows(add: bool) -> None:
     """A message over indexed rows with every width, decoded onto a contiguous run (the
     halo, forward) or added onto indexed rows (owned gradients, backward), equals
     quantizing each width's rows by the reference and placing them by hand."""
-    ext_or_skip()
+    require_ext()
     g = torch.Generator().manual_seed(3)
     source = torch.randn(40, 19, generator=g)
     source[5] = 2.5  # a constant row
@@ -228,7 +228,7 @@ def test_mixed_width_messages_land_on_their_rows(add: bool) -> None:
 def test_traced_ranges_come_from_the_encoded_message() -> None:
     """The assigner's row ranges, in plan order: exact for 32-bit rows, for the others the
     range their segment stored (the one their quantization step is made of)."""
-    ext_or_skip()
+    require_ext()
     from qtrain.dist.exchange import _row_ranges
 
     source = torch.randn(12, 9) * torch.arange(1, 13).float()[:, None]
@@ -408,7 +408,7 @@ def test_two_workers_unquantized_equal_one_process_and_quantized_send_less(recip
     run_dir = Path(two["run_dir"])
     assert (run_dir / "summary.json").exists() and (run_dir / "metrics.jsonl").exists()
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 4
-    ext_or_skip()
+    require_ext()
     low = _summary(_qtrain(recipe, *drop, "distributed.world_size=2", "distributed.message_bits=2"))
     assert low["distributed"]["comm_bytes_per_epoch"] <= info["comm_bytes_per_epoch"] / 5
     assert low["final_loss"] == pytest.approx(single["final_loss"], rel=0.05)
@@ -428,7 +428,7 @@ def test_sage_workers_with_and_without_overlap_equal_one_process(recipe: Path) -
 
 def test_tango_runs_its_quantized_kernels_on_every_worker(recipe: Path) -> None:
     """The tango plugin patches each worker's DGL, overlap's two halves included."""
-    ext_or_skip()
+    require_ext()
     tango = ('quant.plugin=["tango"]', "distributed.overlap=true")
     single = _summary(_qtrain(recipe, *tango))
     two = _summary(_qtrain(recipe, *tango, "distributed.world_size=2"))
@@ -440,7 +440,7 @@ def test_tango_runs_its_quantized_kernels_on_every_worker(recipe: Path) -> None:
 
 
 def test_adaptive_bits_are_assigned_by_rank_0_and_reported(recipe: Path) -> None:
-    ext_or_skip()
+    require_ext()
     done = _qtrain(
         recipe,
         "distributed.world_size=2",

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from conftest import ext_or_skip
+from conftest import require_ext
 
 from qtrain.ops import dispatch
 from qtrain.ops.gemm import (
@@ -93,7 +93,7 @@ def test_reference_quantized_gemm_clamps_beyond_the_range() -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_int8_gemm_dispatch_counts(device: str) -> None:
-    ext_or_skip()
+    require_ext()
     qa, qb = _int8((4, 5), 2), _int8((5, 6), 3)
     dispatch.reset()
     try:
@@ -117,7 +117,7 @@ def test_int8_gemm_dispatch_counts(device: str) -> None:
 def test_quantized_gemm_dispatch_counts_and_chains(device: str) -> None:
     """The compiled kernel serves "auto" on every device; its returned absmax (left on the
     device) is the next call's range, as a layer feeds the next."""
-    ext_or_skip()
+    require_ext()
     assert set(QUANTIZED_GEMM_KERNELS) == set(GEMM_KERNELS) == {"ext-cpu", "ext-cuda"}
     g = torch.Generator().manual_seed(4)
     a, b, w = torch.randn(30, 12, generator=g), torch.randn(12, 9, generator=g), torch.randn(9, 5)
@@ -147,7 +147,7 @@ def test_quantized_gemm_dispatch_counts_and_chains(device: str) -> None:
 
 
 def test_quantized_gemm_takes_ranges_as_numbers_or_tensors() -> None:
-    ext_or_skip()
+    require_ext()
     g = torch.Generator().manual_seed(5)
     a, b = torch.randn(8, 6, generator=g), torch.randn(6, 3, generator=g)
     want = reference_quantized_gemm(a, b, 2.0, 1.5, 7, 5, "nn", None, True, 9)
@@ -233,7 +233,7 @@ def test_every_backend_refuses_the_same_arguments(
     backend: str, case: tuple[str, Callable[[str], object], type[Exception], str]
 ) -> None:
     if backend != "reference":
-        ext_or_skip()
+        require_ext()
     _, call, error, match = case
     dispatch.reset()
     with pytest.raises(error, match=match):
@@ -241,7 +241,7 @@ def test_every_backend_refuses_the_same_arguments(
 
 
 def test_isa_names_report_vnni_sensibly(isas: list[str]) -> None:
-    ext: ModuleType = ext_or_skip()
+    ext: ModuleType = require_ext()
     info = ext.info()
     assert info["isa_compiled"][0] == "avx512vnni" or info["isa_compiled"] == ["default"]
     assert info["isa_best"] == info["isa_supported"][0]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import ext_or_skip
+from conftest import require_ext
 from typer.testing import CliRunner
 
 from qtrain.cli import app
@@ -163,7 +163,7 @@ def test_profile_json_rows_add_up_and_files_are_written(tiny_gat: Path, tmp_path
 
 
 def test_profile_compare_fp32_adds_speedups(tiny_gat: Path) -> None:
-    ext_or_skip()
+    require_ext()
     result = runner.invoke(
         app,
         [

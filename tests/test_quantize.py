@@ -1,4 +1,6 @@
-"""Symmetric quantization: reference properties, the counter RNG, and ext == reference bit for bit."""
+"""Symmetric quantization and the counter RNG: properties of the references (the compiled
+kernels are compared with them in tests/ops/test_quantize_symmetric.py and
+tests/ops/test_fill_counter_uniform.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import math
 
 import pytest
 import torch
-from conftest import ext_or_skip
 
 from qtrain.quant import (
     counter_uniform,
@@ -161,97 +162,3 @@ def test_counter_uniform_beyond_2_32() -> None:
     assert counter_bits(0, 1, 2**40).numel() == 0
     with pytest.raises(ValueError, match="2\\^63"):
         counter_uniform(10, offset=2**63 - 5)
-
-
-# ------------------------------------------------------------------ ext vs reference
-
-
-def _assert_same(x: torch.Tensor, bits: int, rounding: str, seed: int = 0, offset: int = 0) -> None:
-    ext = ext_or_skip()
-    q_ref, s_ref = quantize_symmetric(x, bits, rounding, seed, offset)
-    q_ext, s_ext = ext.quantize_symmetric(x, bits, rounding == "stochastic", seed % 2**64, offset)
-    assert q_ext.dtype == torch.int8 and q_ext.shape == x.shape
-    assert s_ext.dtype == torch.float32 and s_ext.dim() == 0
-    assert torch.equal(q_ext, q_ref), (
-        f"{int((q_ext != q_ref).sum())} of {x.numel()} elements differ "
-        f"(bits={bits}, {rounding}, seed={seed}, offset={offset})"
-    )
-    assert torch.equal(s_ext, s_ref)
-
-
-def _inputs() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(1234)
-    wide = torch.randn(64, 33, generator=g)
-    return {
-        "1": torch.randn(1, generator=g),
-        "7": torch.randn(7, generator=g),
-        "1023": torch.randn(1023, generator=g),
-        "3x5x7": torch.randn(3, 5, 7, generator=g),
-        "200003": torch.randn(200_003, generator=g) * 3,
-        "transposed": wide.t(),
-        "strided": wide[:, ::2],
-        "zeros": torch.zeros(129),
-        "constant": torch.full((77,), 0.731),
-        "negative": -torch.rand(1000, generator=g) - 1e-3,
-        "huge": (torch.rand(1000, generator=g) * 2 - 1) * 3.4e38,
-        "tiny": torch.randn(1000, generator=g) * 1e-39,
-        "subnormal": torch.randn(100, generator=g) * 1e-44,
-        "ties": torch.arange(-20, 21, dtype=torch.float32) / 2,
-        "empty": torch.empty(0, 4),
-    }
-
-
-@pytest.mark.parametrize("name", list(_inputs()))
-@pytest.mark.parametrize("rounding", ROUNDINGS)
-def test_ext_matches_reference(name: str, rounding: str) -> None:
-    x = _inputs()[name]
-    for bits in (2, 3, 4, 8):
-        _assert_same(x, bits, rounding, seed=bits)
-    if rounding == "stochastic":
-        for seed, offset in ((0, 0), (1, 17), (2**40 + 3, 2**32 - 100), (-5, 6 * 10**9)):
-            _assert_same(x, 8, rounding, seed, offset)
-
-
-@pytest.mark.parametrize("rounding", ROUNDINGS)
-def test_ext_same_for_any_thread_count_and_isa(rounding: str, threads: None) -> None:
-    ext = ext_or_skip()
-    x = torch.randn(300_001, generator=torch.Generator().manual_seed(5))
-    offset = 2**32 - 150_000  # the high word changes inside the tensor
-    results = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        results.append(ext.quantize_symmetric(x, 4, rounding == "stochastic", 11, offset))
-    previous = ext.info()["isa"]
-    try:
-        for isa in ext.info()["isa_supported"]:
-            ext.set_isa(isa)
-            results.append(ext.quantize_symmetric(x, 4, rounding == "stochastic", 11, offset))
-    finally:
-        ext.set_isa(previous)
-    q_ref, s_ref = quantize_symmetric(x, 4, rounding, 11, offset)
-    for q, s in results:
-        assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
-
-
-def test_ext_counter_uniform_matches_reference(threads: None) -> None:
-    ext = ext_or_skip()
-    for seed, offset, n in ((0, 0, 1), (5, 3, 1023), (2**64 - 1, 2**32 - 70_000, 140_001)):
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            assert torch.equal(
-                ext.counter_uniform(n, seed, offset), counter_uniform(n, seed, offset)
-            )
-
-
-def test_ext_validates_arguments() -> None:
-    ext = ext_or_skip()
-    with pytest.raises(ValueError, match=r"2\.\.8"):
-        ext.quantize_symmetric(torch.ones(3), 9)
-    with pytest.raises(ValueError, match="offset"):
-        ext.quantize_symmetric(torch.ones(3), 8, True, 0, -1)
-    with pytest.raises(TypeError, match="float32"):
-        ext.quantize_symmetric(torch.ones(3, dtype=torch.float64), 8)
-    with pytest.raises(ValueError, match="NaN or Inf"):
-        ext.quantize_symmetric(torch.tensor([0.0, float("nan")]), 8)
-    with pytest.raises(ValueError, match="unknown ISA"):
-        ext.set_isa("sse9")
