@@ -215,3 +215,11 @@ def test_ops_package_exports() -> None:
     # the package attribute is the function (it shadows the submodule of the same name)
     assert ops.quantize is quantize and ops.dequantize is dequantize
     assert ops.COUNTER is dispatch.COUNTER and ops.BACKENDS == dispatch.BACKENDS
+
+
+def test_the_profiler_names_the_front_and_the_op() -> None:
+    _need_ext()
+    with torch.profiler.profile() as prof:
+        quantize(torch.randn(1000), 4)
+    names = {event.name for event in prof.events()}
+    assert {"qtrain::quantize[ext-cpu]", "qtrain::quantize_symmetric"} <= names
