@@ -97,7 +97,8 @@ def test_the_library_defines_every_op_with_its_front_kernels_and_fake() -> None:
 
 def test_a_missing_kernel_is_a_library_problem(monkeypatch: pytest.MonkeyPatch) -> None:
     _need_ext()
-    kernels = {**backends.op_kernels(), "qspmm": ["front", "fake"]}
+    kernels = backends.op_kernels()
+    kernels["qspmm"] = [part for part in kernels["qspmm"] if part != "cpu"]
     monkeypatch.setattr(backends, "op_kernels", lambda: kernels)
     assert backends.library_problems() == ["op qspmm has no cpu"]
 
