@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DEPS   := $(VENV)/.stamp-deps
 BUILT  := $(VENV)/.stamp-build
-EXT_SOURCES := $(wildcard ext/*.cpp ext/*.h ext/*.cu ext/*.cuh) setup.py pyproject.toml
+EXT_SOURCES := $(wildcard ext/*.cpp ext/*/*.cpp ext/*/*.h ext/*/*.cu ext/*/*.cuh) setup.py pyproject.toml
 
 .PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check cuda-build torch-range gpu-check clean
 
@@ -20,7 +20,7 @@ $(DEPS): requirements.lock | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	@touch $@
 
-# the package (editable) and its compiled extension, against the torch installed above
+# the package (editable) and its op library qtrain._ext, against the torch installed above
 # then, in a child process, an op that must raise does raise (a build that crashes on a
 # C++ exception fails here, with the compilers named, instead of reaching a user)
 $(BUILT): $(DEPS) $(EXT_SOURCES)
@@ -52,13 +52,14 @@ bench: $(BUILT)
 bench-quick: $(BUILT)
 	$(BIN)/python bench/suite.py --quick
 
-# every CUDA source compiled by nvcc for sm_80 and sm_90, no GPU or CUDA torch needed
+# every CUDA source compiled on its own by nvcc for sm_80 and sm_90 (quick feedback; no GPU)
 cuda-check: $(DEPS)
 	$(BIN)/python ext/cuda_check.py
 
-# The whole CUDA extension built, imported and its error path proven, without a GPU: a side
-# environment with PyPI's CUDA build of the pinned torch (pip --isolated skips this
-# machine's CPU wheel); the wheels are downloaded once into CUDA_WHEELS and reused.
+# The whole op library built with its CUDA kernels, imported, every op's CUDA kernel found and
+# the error paths proven, without a GPU: a side environment with PyPI's CUDA build of the
+# pinned torch (pip --isolated skips this machine's CPU wheel); the wheels are downloaded
+# once into CUDA_WHEELS and reused.
 CUDA_TORCH  := $(shell sed -n 's/^torch==//p' requirements.lock)
 CUDA_PKGS   := torch==$(CUDA_TORCH) $(shell grep -E '^(numpy|pybind11|setuptools|ninja)==' requirements.lock)
 CUDA_WHEELS ?= $(HOME)/.cache/qtrain/cuda-wheels/torch-$(CUDA_TORCH)
@@ -79,14 +80,14 @@ cuda-build: $(CUDA_VENV)/.stamp-cuda
 	$(CUDA_VENV)/bin/python ext/cuda_build.py
 
 # the supported torch range (ext/torch_range.py): torch 2.4 builds and passes the op
-# tests; the pinned and the newest torch on PyPI build and pass the fast suite. About
+# tests (tests/ops); the pinned and the newest torch on PyPI build and pass the fast suite. About
 # 10 GB of environments under ~/.cache/qtrain/torch-range, made once; not run by CI.
 torch-range:
 	$(PYTHON) ext/torch_range.py
 
 # on a GPU machine (python3 there has CUDA torch): a clean in-place build whose error path
 # is proven (with the system compiler if the default one gives a build that crashes on a
-# raise), then every CUDA test and the GPU benchmarks, one report under bench/results/
+# raise), then the op tests on the GPU and the GPU benchmarks, one report under bench/results/
 gpu-check:
 	python3 bench/gpu.py
 

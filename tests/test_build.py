@@ -55,7 +55,7 @@ def test_object_clashes_finds_what_ninja_refused() -> None:
     sources = ["ext/compress_cuda.cpp", "ext/gemm_cuda.cu", "ext/compress_cuda.cu"]
     assert setup.object_clashes(sources) == [("ext/compress_cuda.cpp", "ext/compress_cuda.cu")]
     with pytest.raises(SystemExit, match=r"compress_cuda\.cpp and ext/compress_cuda\.cu"):
-        setup._check_objects("qtrain._ext_cuda", sources)
+        setup._check_objects("qtrain._ext", sources)
 
 
 def test_the_cpu_extension_raises_instead_of_crashing() -> None:
