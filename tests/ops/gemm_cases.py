@@ -3,11 +3,10 @@ layout asks, the references on one thread, and the CPU kernel variants to run.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
-from qtrain import backends
 from qtrain.ops.gemm import reference_int8_gemm, reference_quantized_gemm
 
 Maker = Callable[[tuple[int, ...]], torch.Tensor]
@@ -91,22 +90,3 @@ def quantized_reference(a: torch.Tensor, b: torch.Tensor, *args: object, **kwarg
     args = tuple(x.cpu() if isinstance(x, torch.Tensor) else x for x in args)
     kwargs = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     return _one_thread(lambda: reference_quantized_gemm(a.cpu(), b.cpu(), *args, **kwargs))
-
-
-def variants(device: str) -> Iterator[str]:
-    """Loop once per kernel variant: on the CPU every ISA variant this CPU runs, with 1 and
-    2 threads (the ISA and thread count in use are restored afterwards); on CUDA once."""
-    if torch.device(device).type != "cpu":
-        yield device
-        return
-    ext = backends.ext_cpu()
-    isa, threads = ext.info()["isa"], torch.get_num_threads()
-    try:
-        for name in ext.info()["isa_supported"]:
-            ext.set_isa(name)
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                yield f"{name}, {n} threads"
-    finally:
-        ext.set_isa(isa)
-        torch.set_num_threads(threads)

@@ -3,11 +3,8 @@ emulation of the weighted SpMM, and the CPU kernel variants to run."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
-from qtrain import backends
 from qtrain.ops.quantize import quantize
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -82,23 +79,4 @@ def csr_order_weighted(
         out = acc * torch.as_tensor(scale, dtype=torch.float32)
         return out if q.dim() == 3 else out[:, 0, :]
     finally:
-        torch.set_num_threads(threads)
-
-
-def variants(device: str) -> Iterator[str]:
-    """Loop once per kernel variant: on the CPU every ISA variant this CPU runs, with 1 and
-    2 threads (the ISA and thread count in use are restored afterwards); on CUDA once."""
-    if torch.device(device).type != "cpu":
-        yield device
-        return
-    ext = backends.ext_cpu()
-    isa, threads = ext.info()["isa"], torch.get_num_threads()
-    try:
-        for name in ext.info()["isa_supported"]:
-            ext.set_isa(name)
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                yield f"{name}, {n} threads"
-    finally:
-        ext.set_isa(isa)
         torch.set_num_threads(threads)

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,25 @@ def library(device: str = "cpu") -> Any:
     backend = "ext-cuda" if torch.device(device).type == "cuda" else "ext-cpu"
     assert backends.available(backend), backends.error(backend)
     return torch.ops.qtrain
+
+
+def variants(device: str) -> Iterator[str]:
+    """Loop once per kernel variant: on the CPU every ISA variant this CPU runs, with 1 and
+    2 threads (the ISA and thread count in use are restored afterwards); on CUDA once."""
+    if torch.device(device).type != "cpu":
+        yield device
+        return
+    ext = backends.ext_cpu()
+    isa, threads = ext.info()["isa"], torch.get_num_threads()
+    try:
+        for name in ext.info()["isa_supported"]:
+            ext.set_isa(name)
+            for n in (1, 2):
+                torch.set_num_threads(n)
+                yield f"{name}, {n} threads"
+    finally:
+        ext.set_isa(isa)
+        torch.set_num_threads(threads)
 
 
 def gen(seed: int) -> torch.Generator:

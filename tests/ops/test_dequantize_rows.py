@@ -16,9 +16,17 @@ from compress_cases import (
     non_finite_rows,
     varied_rows,
 )
-from support import DEVICES, WIDTHS, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import (
+    DEVICES,
+    WIDTHS,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    library,
+    opcheck,
+    variants,
+)
 
-from qtrain import backends
 from qtrain.quant import rowwise as ref
 
 
@@ -63,20 +71,12 @@ def test_many_rows_wide_rows_and_odd_addresses(device: str, bits: int) -> None:
 
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
     ops = library("cpu")
-    ext = backends.ext_cpu()
     x = varied_rows(4201, 129, seed=3)
-    previous = ext.info()["isa"]
-    try:
-        for bits in BITS:
-            q = _quantized(x, bits, "stochastic", 9, 2**32 - 300_001)
-            want = ref.dequantize_rows(*q, bits, 129)
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for n in (1, 2):
-                    torch.set_num_threads(n)
-                    assert_same(ops.dequantize_rows(*q, bits, 129), want, f"{isa}, {n} threads")
-    finally:
-        ext.set_isa(previous)
+    for bits in BITS:
+        q = _quantized(x, bits, "stochastic", 9, 2**32 - 300_001)
+        want = ref.dequantize_rows(*q, bits, 129)
+        for what in variants("cpu"):
+            assert_same(ops.dequantize_rows(*q, bits, 129), want, f"{what}, bits={bits}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -11,9 +11,17 @@ from __future__ import annotations
 import pytest
 import torch
 from compress_cases import BITS, STREAMS, misaligned, segment_reference, varied_rows
-from support import DEVICES, ErrorCase, assert_same, expect_errors, gen, library, opcheck
+from support import (
+    DEVICES,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    gen,
+    library,
+    opcheck,
+    variants,
+)
 
-from qtrain import backends
 from qtrain.quant import rowwise as ref
 
 
@@ -66,29 +74,21 @@ def test_odd_addresses(device: str) -> None:
 
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
     ops = library("cpu")
-    ext = backends.ext_cpu()
     x = varied_rows(5000, 129, seed=5)
     index = torch.randperm(5000, generator=gen(3))[:4321]
     where = torch.randperm(4400, generator=gen(5))[:4321]
-    previous = ext.info()["isa"]
-    try:
-        for bits in BITS:
-            segment, back = segment_reference(x, index, bits, 3, 2**32 - 77)
-            seg = misaligned(segment, "cpu")
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for n in (1, 2):
-                    torch.set_num_threads(n)
-                    into = torch.zeros(4321, 129)
-                    ops.dequantize_rows_into(seg, 4321, bits, into, None, True)
-                    assert_same(into, back + 0.0, f"bits={bits}, {isa}, {n} threads")
-                    into = torch.ones(4400, 129)
-                    ops.dequantize_rows_into(seg, 4321, bits, into, where, False)
-                    expect = torch.ones(4400, 129)
-                    expect[where] = back
-                    assert_same(into, expect, f"bits={bits}, {isa}, {n} threads, indexed")
-    finally:
-        ext.set_isa(previous)
+    for bits in BITS:
+        segment, back = segment_reference(x, index, bits, 3, 2**32 - 77)
+        seg = misaligned(segment, "cpu")
+        for what in variants("cpu"):
+            into = torch.zeros(4321, 129)
+            ops.dequantize_rows_into(seg, 4321, bits, into, None, True)
+            assert_same(into, back + 0.0, f"bits={bits}, {what}")
+            into = torch.ones(4400, 129)
+            ops.dequantize_rows_into(seg, 4321, bits, into, where, False)
+            expect = torch.ones(4400, 129)
+            expect[where] = back
+            assert_same(into, expect, f"bits={bits}, {what}, indexed")
 
 
 @pytest.mark.parametrize("device", DEVICES)

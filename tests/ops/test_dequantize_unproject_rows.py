@@ -18,9 +18,8 @@ from compress_cases import (
     misaligned,
 )
 from conftest import varied_rows
-from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck, variants
 
-from qtrain import backends
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
 from qtrain.quant.rng import op_seed
@@ -56,23 +55,16 @@ def test_matches_reference(device: str, bits: int, rounding: str) -> None:
 
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
     ops = library("cpu")
-    ext = backends.ext_cpu()
     x = varied_rows(3001, 129, seed=4)
-    previous = ext.info()["isa"]
-    try:
-        for bits in (1, 2):
-            q, back = _reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for n in (1, 2):
-                    torch.set_num_threads(n)
-                    got = ops.dequantize_unproject_rows(*q, bits, 17, 129, 9, 77)
-                    assert_same(got, back, f"{isa}, {n} threads, bits={bits}")
-                for rows, d, k in PROJECTION_SHAPES[:8]:
-                    qs, bs = fused_reference(rows, d, k, bits, "nearest", 1, 0, 5)
-                    assert_same(ops.dequantize_unproject_rows(*qs, bits, k, d, 1, 5), bs, isa)
-    finally:
-        ext.set_isa(previous)
+    for bits in (1, 2):
+        q, back = _reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
+        for what in variants("cpu"):
+            got = ops.dequantize_unproject_rows(*q, bits, 17, 129, 9, 77)
+            assert_same(got, back, f"{what}, bits={bits}")
+            for rows, d, k in PROJECTION_SHAPES[:8]:
+                qs, bs = fused_reference(rows, d, k, bits, "nearest", 1, 0, 5)
+                got = ops.dequantize_unproject_rows(*qs, bits, k, d, 1, 5)
+                assert_same(got, bs, f"{what}, {rows} x {d} -> {k}, bits={bits}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from compress_cases import STREAMS
-from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck, variants
 
-from qtrain import backends
 from qtrain.quant import projection
 from qtrain.quant.rng import op_seed
 
@@ -32,18 +31,10 @@ def test_matches_reference(device: str) -> None:
 
 
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
-    ext = backends.ext_cpu()
-    previous = ext.info()["isa"]
     want = projection.rademacher(1200, 600, -1, 2**32 - 100_000)
-    try:
-        for isa in ext.info()["isa_supported"]:
-            ext.set_isa(isa)
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                assert_same(_fill("cpu", 1200, 600, -1, 2**32 - 100_000), want, f"{isa}, {n}")
-            assert_same(_fill("cpu", 17, 4, 3, 5), projection.rademacher(17, 4, 3, 5), isa)
-    finally:
-        ext.set_isa(previous)
+    for what in variants("cpu"):
+        assert_same(_fill("cpu", 1200, 600, -1, 2**32 - 100_000), want, what)
+        assert_same(_fill("cpu", 17, 4, 3, 5), projection.rademacher(17, 4, 3, 5), what)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -14,9 +14,8 @@ from gemm_cases import (
     int8_reference,
     int8s,
     operands,
-    variants,
 )
-from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck, variants
 
 from qtrain.ops import quantize as quantize_op  # the function (it shadows its submodule)
 from qtrain.ops.gemm import LAYOUTS, combined_scale

@@ -19,9 +19,8 @@ from compress_cases import (
     same_quantized,
 )
 from conftest import varied_rows
-from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck, variants
 
-from qtrain import backends
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
 from qtrain.quant.rng import op_seed
@@ -56,27 +55,19 @@ def test_matches_reference(device: str, bits: int, rounding: str) -> None:
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
     """Enough rows that two threads split them (k = 17: blocks of 8 rows)."""
     ops = library("cpu")
-    ext = backends.ext_cpu()
     x = varied_rows(3001, 129, seed=4)
-    previous = ext.info()["isa"]
-    try:
-        for bits in (1, 2):
-            want = _reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for n in (1, 2):
-                    torch.set_num_threads(n)
-                    got = ops.project_quantize_rows(x, 17, bits, True, 9, 2**32 - 30_001, 77)
-                    same_quantized(got, want, f"{isa}, {n} threads, bits={bits}")
-            # the small shapes on every variant
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for rows, d, k in PROJECTION_SHAPES[:8]:
-                    xs = projection_input(rows, d)
-                    w = project_reference(rows, d, k, bits, "nearest", 1, 0, 5)
-                    same_quantized(ops.project_quantize_rows(xs, k, bits, False, 1, 0, 5), w, isa)
-    finally:
-        ext.set_isa(previous)
+    for bits in (1, 2):
+        want = _reference(x, 17, bits, "stochastic", 9, 2**32 - 30_001, 77)
+        for what in variants("cpu"):
+            got = ops.project_quantize_rows(x, 17, bits, True, 9, 2**32 - 30_001, 77)
+            same_quantized(got, want, f"{what}, bits={bits}")
+        # the small shapes on every variant
+        for what in variants("cpu"):
+            for rows, d, k in PROJECTION_SHAPES[:8]:
+                xs = projection_input(rows, d)
+                w = project_reference(rows, d, k, bits, "nearest", 1, 0, 5)
+                got = ops.project_quantize_rows(xs, k, bits, False, 1, 0, 5)
+                same_quantized(got, w, f"{what}, {rows} x {d} -> {k}, bits={bits}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

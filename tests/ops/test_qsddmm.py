@@ -7,8 +7,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_cases import INDEX_DTYPES, q_shape, quantized, variants
-from support import DEVICES, WIDTHS, ErrorCase, assert_same, expect_errors, gen, library, opcheck
+from sparse_cases import INDEX_DTYPES, q_shape, quantized
+from support import (
+    DEVICES,
+    WIDTHS,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    gen,
+    library,
+    opcheck,
+    variants,
+)
 
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import SDDMM_OPS, reference_qsddmm

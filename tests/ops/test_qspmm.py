@@ -17,9 +17,18 @@ from sparse_cases import (
     csr_order_weighted,
     q_shape,
     quantized,
+)
+from support import (
+    DEVICES,
+    WIDTHS,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    gen,
+    library,
+    opcheck,
     variants,
 )
-from support import DEVICES, WIDTHS, ErrorCase, assert_same, expect_errors, gen, library, opcheck
 
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import reference_qspmm

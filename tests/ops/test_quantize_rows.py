@@ -18,9 +18,17 @@ from compress_cases import (
     same_quantized,
     varied_rows,
 )
-from support import DEVICES, WIDTHS, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import (
+    DEVICES,
+    WIDTHS,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    library,
+    opcheck,
+    variants,
+)
 
-from qtrain import backends
 from qtrain.quant import rowwise as ref
 from qtrain.quant.rng import op_seed
 
@@ -72,20 +80,12 @@ def test_misaligned_and_strided_inputs(device: str, bits: int) -> None:
 def test_cpu_same_for_any_thread_count_and_isa(bits: int, threads: None) -> None:
     """Enough elements that two threads really split the rows (width 129: blocks of 8 rows)."""
     ops = library("cpu")
-    ext = backends.ext_cpu()
     x = varied_rows(4201, 129, seed=bits)
-    previous = ext.info()["isa"]
-    try:
-        for rounding in ROUNDINGS:
-            want = ref.quantize_rows(x, bits, rounding, 9, 2**32 - 300_001)
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for n in (1, 2):
-                    torch.set_num_threads(n)
-                    got = ops.quantize_rows(x, bits, rounding == "stochastic", 9, 2**32 - 300_001)
-                    same_quantized(got, want, f"{isa}, {n} threads, {rounding}")
-    finally:
-        ext.set_isa(previous)
+    for rounding in ROUNDINGS:
+        want = ref.quantize_rows(x, bits, rounding, 9, 2**32 - 300_001)
+        for what in variants("cpu"):
+            got = ops.quantize_rows(x, bits, rounding == "stochastic", 9, 2**32 - 300_001)
+            same_quantized(got, want, f"{what}, {rounding}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -93,18 +93,11 @@ def test_edge_rows(device: str) -> None:
     """Constant, signed-zero, subnormal, overflowing and tie rows; each ISA on the CPU."""
     x = edge_rows()
     noncontig = torch.randn(19, 8, generator=torch.Generator().manual_seed(0)).t()
-    ext = backends.ext_cpu()
-    previous = ext.info()["isa"]
-    isas = ext.info()["isa_supported"] if device == "cpu" else [previous]
-    try:
-        for isa in isas:
-            ext.set_isa(isa)
-            for bits in BITS:
-                for rounding in ROUNDINGS:
-                    _check(x, device, bits, rounding, 3, 0)
-                    _check(noncontig, device, bits, rounding, 3, 0)
-    finally:
-        ext.set_isa(previous)
+    for _ in variants(device):
+        for bits in BITS:
+            for rounding in ROUNDINGS:
+                _check(x, device, bits, rounding, 3, 0)
+                _check(noncontig, device, bits, rounding, 3, 0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

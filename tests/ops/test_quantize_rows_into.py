@@ -10,9 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 from compress_cases import BITS, STREAMS, misaligned, segment_reference, varied_rows
-from support import DEVICES, ErrorCase, assert_same, expect_errors, gen, library, opcheck
+from support import (
+    DEVICES,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    gen,
+    library,
+    opcheck,
+    variants,
+)
 
-from qtrain import backends
 from qtrain.quant import rowwise as ref
 from qtrain.quant.rng import op_seed
 
@@ -73,22 +81,14 @@ def test_segments_at_odd_addresses_and_strided_inputs(device: str) -> None:
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
     """Enough rows for two threads (width 129: blocks of 8 rows), on every ISA variant."""
     ops = library("cpu")
-    ext = backends.ext_cpu()
     x = varied_rows(5000, 129, seed=5)
     index = torch.randperm(5000, generator=gen(3))[:4321]
-    previous = ext.info()["isa"]
-    try:
-        for bits in BITS:
-            want, _ = segment_reference(x, index, bits, 3, 2**32 - 77)
-            for isa in ext.info()["isa_supported"]:
-                ext.set_isa(isa)
-                for n in (1, 2):
-                    torch.set_num_threads(n)
-                    out = misaligned(torch.zeros(want.numel(), dtype=torch.uint8), "cpu")
-                    ops.quantize_rows_into(x, index, bits, True, 3, 2**32 - 77, out)
-                    assert_same(out, want, f"bits={bits}, {isa}, {n} threads")
-    finally:
-        ext.set_isa(previous)
+    for bits in BITS:
+        want, _ = segment_reference(x, index, bits, 3, 2**32 - 77)
+        for what in variants("cpu"):
+            out = misaligned(torch.zeros(want.numel(), dtype=torch.uint8), "cpu")
+            ops.quantize_rows_into(x, index, bits, True, 3, 2**32 - 77, out)
+            assert_same(out, want, f"bits={bits}, {what}")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import DEVICES, ErrorCase, assert_same, expect_errors, gen, library, opcheck
+from support import (
+    DEVICES,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    gen,
+    library,
+    opcheck,
+    variants,
+)
 
 from qtrain.quant import quantize_symmetric
 from qtrain.quant.rng import op_seed
@@ -78,27 +87,14 @@ def test_unaligned_views(device: str) -> None:
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 def test_cpu_same_for_any_thread_count_and_isa(rounding: str, threads: None) -> None:
     ops = library("cpu")
-    from qtrain import backends
-
-    ext = backends.ext_cpu()
     x = torch.randn(300_001, generator=gen(5))
     offset = 2**32 - 150_000  # the high word changes inside the tensor
     stochastic = rounding == "stochastic"
-    results = []
-    for n in (1, 2):
-        torch.set_num_threads(n)
-        results.append(ops.quantize_symmetric(x, 4, stochastic, 11, offset))
-    previous = ext.info()["isa"]
-    try:
-        for isa in ext.info()["isa_supported"]:
-            ext.set_isa(isa)
-            results.append(ops.quantize_symmetric(x, 4, stochastic, 11, offset))
-    finally:
-        ext.set_isa(previous)
     want_q, want_scale = quantize_symmetric(x, 4, rounding, 11, offset)
-    for q, scale in results:
-        assert_same(q, want_q)
-        assert_same(scale, want_scale)
+    for what in variants("cpu"):
+        q, scale = ops.quantize_symmetric(x, 4, stochastic, 11, offset)
+        assert_same(q, want_q, what)
+        assert_same(scale, want_scale, what)
 
 
 @pytest.mark.parametrize("device", DEVICES)

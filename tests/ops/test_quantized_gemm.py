@@ -12,9 +12,8 @@ from gemm_cases import (
     int8_reference,
     operands,
     quantized_reference,
-    variants,
 )
-from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck
+from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck, variants
 
 from qtrain.ops.gemm import LAYOUTS, combined_scale
 from qtrain.quant.quantize import quantize_symmetric

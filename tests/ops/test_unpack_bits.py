@@ -8,9 +8,17 @@ from __future__ import annotations
 import pytest
 import torch
 from compress_cases import BITS, PACK_BIG, PACK_SIZES, misaligned
-from support import DEVICES, ErrorCase, assert_same, expect_errors, gen, library, opcheck
+from support import (
+    DEVICES,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    gen,
+    library,
+    opcheck,
+    variants,
+)
 
-from qtrain import backends
 from qtrain.quant import rowwise as ref
 
 
@@ -36,22 +44,14 @@ def test_matches_reference(device: str, bits: int) -> None:
 @pytest.mark.parametrize("bits", (1, 2, 4))
 def test_cpu_same_for_any_thread_count_and_isa(bits: int, threads: None) -> None:
     ops = library("cpu")
-    ext = backends.ext_cpu()
     packed = torch.randint(
         0, 256, (ref.packed_size(PACK_BIG, bits),), dtype=torch.uint8, generator=gen(3)
     )
     want = ref.unpack_bits(packed, bits, PACK_BIG)
-    previous = ext.info()["isa"]
-    try:
-        for isa in ext.info()["isa_supported"]:
-            ext.set_isa(isa)
-            for n in (1, 2):
-                torch.set_num_threads(n)
-                assert_same(ops.unpack_bits(packed, bits, PACK_BIG), want, f"{isa}, {n} threads")
-            for size in PACK_SIZES:
-                assert_same(ops.unpack_bits(packed, bits, size), want[:size], isa)
-    finally:
-        ext.set_isa(previous)
+    for what in variants("cpu"):
+        assert_same(ops.unpack_bits(packed, bits, PACK_BIG), want, what)
+        for size in PACK_SIZES:
+            assert_same(ops.unpack_bits(packed, bits, size), want[:size], f"{what}, n={size}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
