@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -277,7 +278,27 @@ def _compilers(backend: str) -> str:
         ),
         "unknown",
     )
-    return f"built with {built or 'an unknown compiler'}, torch built with {torch_line}"
+    runtime = ", ".join(runtime_libraries()) or "not readable here"
+    return (
+        f"built with {built or 'an unknown compiler'}, torch built with {torch_line}, "
+        f"C++ runtime loaded: {runtime}"
+    )
+
+
+def runtime_libraries() -> list[str]:
+    """The C++ runtime libraries this process has mapped (libstdc++, libgcc_s, libgomp).
+
+    A build that dies on every raise most likely unwinds with a runtime other than
+    the one its compiler targets (the H100 machine's /opt/gcc against the system's
+    libstdc++); naming the files loaded is where finding that out starts.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:  # not Linux
+        return []
+    wanted = ("libstdc++", "libgcc_s", "libgomp")
+    return sorted(path for path in paths if any(name in Path(path).name for name in wanted))
 
 
 def main() -> int:
