@@ -32,6 +32,7 @@
 #include <omp.h>
 #endif
 
+#include "common/sparse_operands.h"
 #include "cpu/isa.h"
 #include "cpu/lanes.h"
 #include "cpu/mem.h"
@@ -44,7 +45,10 @@ namespace {
 
 using sparse::Lanes;
 
-enum Op : int { kAdd = 0, kSub = 1, kMul = 2, kDot = 3 };
+using sparse_operands::kAdd;
+using sparse_operands::kDot;
+using sparse_operands::kMul;
+using sparse_operands::kSub;
 
 constexpr int64_t kPrefetch = 8;        // edges ahead whose rows are prefetched (wide rows)
 constexpr int64_t kDotChunk = 1 << 17;  // lanes per int32 partial sum (|sum| < 2^31)
@@ -306,39 +310,18 @@ QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512)
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
-// The op name as a kernel selector (the front has refused any other name).
-int op_code(c10::string_view op) {
-  if (op == c10::string_view("add")) return kAdd;
-  if (op == c10::string_view("sub")) return kSub;
-  if (op == c10::string_view("mul")) return kMul;
-  TORCH_INTERNAL_ASSERT(op == c10::string_view("dot"), "qtrain::qsddmm: op '", op,
-                        "' passed the front");
-  return kDot;
-}
-
 // ---------------------------------------------------------------- op
 
 at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,
                   const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
                   const at::Tensor& rhs_index_in) {
   constexpr const char* fn = "qtrain::qsddmm";
-  const int op = op_code(op_name);
-  const at::Tensor ql = q_lhs_in.contiguous();
-  const at::Tensor qr = q_rhs_in.contiguous();
-  // one index type for both (mixed int32 / int64 is promoted to int64)
-  const bool wide =
-      lhs_index_in.scalar_type() == at::kLong || rhs_index_in.scalar_type() == at::kLong;
-  const at::ScalarType it = wide ? at::kLong : at::kInt;
-  const at::Tensor li = lhs_index_in.to(it).contiguous();
-  const at::Tensor ri = rhs_index_in.to(it).contiguous();
-
-  const int64_t E = li.numel();
-  const int64_t H = ql.dim() == 3 ? ql.size(1) : 1;
-  const int64_t D = ql.size(-1);
-  std::vector<int64_t> shape{E};
-  if (ql.dim() == 3) shape.push_back(H);
-  shape.push_back(op == kDot ? 1 : D);
-  at::Tensor out = at::empty(shape, ql.options().dtype(at::kFloat));
+  const sparse_operands::Sddmm s =
+      sparse_operands::sddmm(op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in);
+  const int op = s.op;
+  const bool wide = s.wide;
+  const at::Tensor &ql = s.ql, &qr = s.qr, &li = s.li, &ri = s.ri, &out = s.out;
+  const int64_t E = s.E, H = s.H, D = s.D;
   // an empty output still has its indices checked (the edge loop writes nothing)
   if (E == 0) return out;
 

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/sparse_operands.h"
 #include "cuda/common.cuh"
 
 namespace qtrain {
@@ -36,7 +37,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-enum Op : int { kAdd = 0, kSub = 1, kMul = 2, kDot = 3 };
+using sparse_operands::kAdd;
+using sparse_operands::kDot;
+using sparse_operands::kMul;
+using sparse_operands::kSub;
 
 struct SddmmArgs {
   const void* li;
@@ -204,38 +208,17 @@ void launch(int op, const SddmmArgs& a, cudaStream_t stream) {
   return launch_g<I, 32>(op, a, stream);
 }
 
-// The op name as a kernel selector (the front has refused any other name).
-int op_code(c10::string_view op) {
-  if (op == c10::string_view("add")) return kAdd;
-  if (op == c10::string_view("sub")) return kSub;
-  if (op == c10::string_view("mul")) return kMul;
-  TORCH_INTERNAL_ASSERT(op == c10::string_view("dot"), "qtrain::qsddmm: op '", op,
-                        "' passed the front");
-  return kDot;
-}
-
 at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,
                   const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
                   const at::Tensor& rhs_index_in) {
   constexpr const char* fn = "qtrain::qsddmm";
   const c10::cuda::CUDAGuard guard(q_lhs_in.device());
-  const int op = op_code(op_name);
-  const at::Tensor ql = q_lhs_in.contiguous();
-  const at::Tensor qr = q_rhs_in.contiguous();
-  // one index type for both (mixed int32 / int64 is promoted to int64)
-  const bool wide =
-      lhs_index_in.scalar_type() == at::kLong || rhs_index_in.scalar_type() == at::kLong;
-  const at::ScalarType it = wide ? at::kLong : at::kInt;
-  const at::Tensor li = lhs_index_in.to(it).contiguous();
-  const at::Tensor ri = rhs_index_in.to(it).contiguous();
-
-  const int64_t E = li.numel();
-  const int64_t H = ql.dim() == 3 ? ql.size(1) : 1;
-  const int64_t D = ql.size(-1);
-  std::vector<int64_t> shape{E};
-  if (ql.dim() == 3) shape.push_back(H);
-  shape.push_back(op == kDot ? 1 : D);
-  at::Tensor out = at::empty(shape, ql.options().dtype(at::kFloat));
+  const sparse_operands::Sddmm s =
+      sparse_operands::sddmm(op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in);
+  const int op = s.op;
+  const bool wide = s.wide;
+  const at::Tensor &ql = s.ql, &qr = s.qr, &li = s.li, &ri = s.ri, &out = s.out;
+  const int64_t E = s.E, H = s.H, D = s.D;
   if (E == 0) return out;
 
   at::Tensor flag = at::zeros({1}, ql.options().dtype(at::kInt));

@@ -32,6 +32,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/sparse_operands.h"
 #include "cuda/common.cuh"
 
 namespace qtrain {
@@ -271,34 +272,12 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
                  const std::optional<at::Tensor>& eids_in) {
   constexpr const char* fn = "qtrain::qspmm";
   const c10::cuda::CUDAGuard guard(indptr_in.device());
-  const at::Tensor q = q_in.contiguous();
-  const bool weighted = weight_in.has_value() && weight_in->defined();
-  const bool has_eids = weighted && eids_in.has_value() && eids_in->defined();
-
-  // one index type for all three (mixed int32 / int64 is promoted to int64)
-  const bool wide = indptr_in.scalar_type() == at::kLong ||
-                    indices_in.scalar_type() == at::kLong ||
-                    (has_eids && eids_in->scalar_type() == at::kLong);
-  const at::ScalarType it = wide ? at::kLong : at::kInt;
-  const at::Tensor indptr = indptr_in.to(it).contiguous();
-  const at::Tensor indices = indices_in.to(it).contiguous();
-  const at::Tensor eids = has_eids ? eids_in->to(it).contiguous() : at::Tensor();
-
-  const int64_t rows = indptr.numel() - 1;
-  const int64_t nnz = indices.numel();
-  const int64_t H = q.dim() == 3 ? q.size(1) : 1;
-  const int64_t D = q.size(-1);
-
-  at::Tensor w;
-  int64_t Hw = 1;
-  if (weighted) {
-    w = weight_in->to(at::kFloat).contiguous();
-    Hw = w.dim() == 1 ? 1 : w.size(1);
-  }
-
-  std::vector<int64_t> out_shape{rows, D};
-  if (q.dim() == 3) out_shape = {rows, H, D};
-  at::Tensor out = at::empty(out_shape, q.options().dtype(at::kFloat));
+  const sparse_operands::Spmm s =
+      sparse_operands::spmm(indptr_in, indices_in, q_in, weight_in, eids_in);
+  const bool weighted = s.weighted, wide = s.wide, has_eids = s.eids.defined();
+  const at::Tensor &indptr = s.indptr, &indices = s.indices, &eids = s.eids, &q = s.q, &w = s.w,
+                   &out = s.out;
+  const int64_t rows = s.rows, nnz = s.nnz, H = s.H, D = s.D, Hw = s.Hw;
 
   at::Tensor flag = at::zeros({1}, q.options().dtype(at::kInt));
   SpmmArgs a{};
