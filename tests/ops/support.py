@@ -85,8 +85,9 @@ def opcheck(op: Any, args: tuple[Any, ...]) -> None:
 class ErrorCase:
     """``code`` must raise ``error`` (an exception class name) with a message matching ``match``.
 
-    ``code`` runs in the child with ``torch``, ``ops`` (= torch.ops.qtrain) and ``dev``
-    (the device under test) defined.
+    ``code`` runs in the child with ``torch``, ``ops`` (= torch.ops.qtrain), ``dev``
+    (the device under test), ``other`` (a device that is not ``dev``: meta beside the
+    CPU, the CPU beside CUDA) and what :func:`expect_errors`' ``setup`` defines.
     """
 
     name: str
@@ -101,13 +102,16 @@ import torch
 from qtrain import backends
 backend = "ext-cuda" if torch.device(sys.argv[1]).type == "cuda" else "ext-cpu"
 assert backends.available(backend), backends.error(backend)
-ops = torch.ops.qtrain
 dev = torch.device(sys.argv[1])
+other = torch.device("meta") if dev.type == "cpu" else torch.device("cpu")
+setup = sys.argv[3]
 results = {}
 for name, code in json.loads(sys.argv[2]).items():
     print(f"case {name}", file=sys.stderr, flush=True)
+    names = {"torch": torch, "ops": torch.ops.qtrain, "dev": dev, "other": other}
+    exec(setup, names)  # outside the try: a setup that fails is the test's bug, not a case
     try:
-        exec(code)
+        exec(code, names)
         results[name] = ["returned", ""]
     except Exception as exc:
         results[name] = [type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""]
@@ -115,13 +119,17 @@ print(json.dumps(results))
 """
 
 
-def expect_errors(cases: list[ErrorCase], device: str) -> None:
-    """Run every case in one child process; each must raise its error, none may crash."""
+def expect_errors(cases: list[ErrorCase], device: str, setup: str = "") -> None:
+    """Run every case in one child process; each must raise its error, none may crash.
+
+    ``setup`` (Python) runs before each case, in the case's own namespace: the tensors
+    the cases share.
+    """
     library(device)
     by_name = {case.name: textwrap.dedent(case.code) for case in cases}
     assert len(by_name) == len(cases), "case names must be unique"
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, device, json.dumps(by_name)],
+        [sys.executable, "-c", _CHILD, device, json.dumps(by_name), textwrap.dedent(setup)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -124,59 +124,57 @@ def test_opcheck(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(device: str) -> None:
-    setup = (
-        "other = torch.device('meta') if dev.type == 'cpu' else torch.device('cpu'); "
-        "p, z, r = ops.quantize_rows(torch.randn(4, 3, device=dev), 4); "
-    )
-
-    def case(name: str, call: str, error: str, match: str) -> ErrorCase:
-        return ErrorCase(name, setup + call, error, match)
+    setup = "p, z, r = ops.quantize_rows(torch.randn(4, 3, device=dev), 4); "
 
     expect_errors(
         [
-            case("bits 3", "ops.dequantize_rows(p, z, r, 3, 3)", "ValueError", "1, 2, 4, 8"),
-            case(
+            ErrorCase("bits 3", "ops.dequantize_rows(p, z, r, 3, 3)", "ValueError", "1, 2, 4, 8"),
+            ErrorCase(
                 "float zero", "ops.dequantize_rows(p, z.float(), r, 4, 3)", "TypeError", "bfloat16"
             ),
-            case("short range", "ops.dequantize_rows(p, z, r[:2], 4, 3)", "TypeError", "one shape"),
-            case(
+            ErrorCase(
+                "short range", "ops.dequantize_rows(p, z, r[:2], 4, 3)", "TypeError", "one shape"
+            ),
+            ErrorCase(
                 "2-d zero",
                 "ops.dequantize_rows(p, z[None], r[None], 4, 3)",
                 "TypeError",
                 r"one shape \[rows\]",
             ),
-            case(
+            ErrorCase(
                 "int32 packed", "ops.dequantize_rows(p.int(), z, r, 4, 3)", "TypeError", "1-d uint8"
             ),
-            case(
+            ErrorCase(
                 "2-d packed", "ops.dequantize_rows(p[None], z, r, 4, 3)", "TypeError", "1-d uint8"
             ),
-            case("short packed", "ops.dequantize_rows(p[:-1], z, r, 4, 3)", "ValueError", "need"),
-            case(
+            ErrorCase(
+                "short packed", "ops.dequantize_rows(p[:-1], z, r, 4, 3)", "ValueError", "need"
+            ),
+            ErrorCase(
                 "negative width",
                 "ops.dequantize_rows(p, z, r, 4, -1)",
                 "ValueError",
                 "width must be >= 0",
             ),
-            case(
+            ErrorCase(
                 "too many values",
                 "ops.dequantize_rows(p, z[:1].expand(2**40), r[:1].expand(2**40), 4, 2**30)",
                 "ValueError",
                 "rows \\* width too large",
             ),
-            case(
+            ErrorCase(
                 "zero elsewhere",
                 "ops.dequantize_rows(p, z.to(other), r, 4, 3)",
                 "ValueError",
                 "zero is on",
             ),
-            case(
+            ErrorCase(
                 "range elsewhere",
                 "ops.dequantize_rows(p, z, r.to(other), 4, 3)",
                 "ValueError",
                 "range is on",
             ),
-            case(
+            ErrorCase(
                 "sparse zero",
                 "ops.dequantize_rows(p, z.to_sparse(), r, 4, 3)",
                 "ValueError",
@@ -184,4 +182,5 @@ def test_errors(device: str) -> None:
             ),
         ],
         device,
+        setup,
     )

@@ -126,97 +126,93 @@ def test_opcheck(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(device: str) -> None:
     setup = (
-        "other = torch.device('meta') if dev.type == 'cpu' else torch.device('cpu'); "
         "seg = torch.zeros(20, dtype=torch.uint8, device=dev); "
         "into = torch.zeros(4, 5, device=dev); "
         "i = torch.tensor([1, 0, 3], device=dev); "
     )
 
-    def case(name: str, call: str, error: str, match: str) -> ErrorCase:
-        return ErrorCase(name, setup + call, error, match)
-
     expect_errors(
         [
-            case(
+            ErrorCase(
                 "bits 3",
                 "ops.dequantize_rows_into(seg, 3, 3, into, i, False)",
                 "ValueError",
                 "1, 2, 4, 8",
             ),
-            case(
+            ErrorCase(
                 "float64 out",
                 "ops.dequantize_rows_into(seg, 3, 4, into.double(), i, False)",
                 "TypeError",
                 r"out must be a 2-d float32 tensor \[rows, width\]",
             ),
-            case(
+            ErrorCase(
                 "1-d out",
                 "ops.dequantize_rows_into(seg, 3, 4, into.reshape(-1), i, False)",
                 "TypeError",
                 "out must be a 2-d float32 tensor",
             ),
-            case(
+            ErrorCase(
                 "strided out",
                 "ops.dequantize_rows_into(seg, 3, 4, torch.zeros(5, 4, device=dev).t(), i, False)",
                 "ValueError",
                 "out must be a contiguous tensor",
             ),
-            case(
+            ErrorCase(
                 "negative rows",
                 "ops.dequantize_rows_into(seg, -1, 4, into, None, False)",
                 "ValueError",
                 "rows must be >= 0",
             ),
-            case(
+            ErrorCase(
                 "index length",
                 "ops.dequantize_rows_into(seg, 3, 4, into, i[:2], False)",
                 "ValueError",
                 "index has 2 entries for 3 rows",
             ),
-            case(
+            ErrorCase(
                 "rows without index",
                 "ops.dequantize_rows_into(seg, 3, 4, into, None, False)",
                 "ValueError",
                 "without an index the segment's 3 rows must fill out's 4",
             ),
-            case(
+            ErrorCase(
                 "float index",
                 "ops.dequantize_rows_into(seg, 3, 4, into, i.float(), False)",
                 "TypeError",
                 "index must be a 1-d int64 tensor",
             ),
-            case(
+            ErrorCase(
                 "short segment",
                 "ops.dequantize_rows_into(seg[:15], 3, 4, into, i, False)",
                 "ValueError",
                 "the segment has 15 bytes, its rows need 20",
             ),
-            case(
+            ErrorCase(
                 "strided segment",
                 "ops.dequantize_rows_into(torch.zeros(40, dtype=torch.uint8, device=dev)[::2], "
                 "3, 4, into, i, False)",
                 "ValueError",
                 "the segment must be a contiguous tensor",
             ),
-            case(
+            ErrorCase(
                 "index outside",
                 "ops.dequantize_rows_into(seg, 3, 4, into, torch.tensor([1, 4, 0], device=dev), True)",
                 "IndexError",
                 r"index\[1\] = 4 is outside \[0, 4\)",
             ),
-            case(
+            ErrorCase(
                 "row twice",
                 "ops.dequantize_rows_into(seg, 3, 4, into, torch.tensor([1, 0, 1], device=dev), False)",
                 "ValueError",
                 "index names row 1 twice; each row may be written once",
             ),
-            case(
+            ErrorCase(
                 "out elsewhere",
                 "ops.dequantize_rows_into(seg, 3, 4, into.to(other), i, False)",
                 "ValueError",
                 "out is on",
             ),
-            case(
+            ErrorCase(
                 "index elsewhere",
                 "ops.dequantize_rows_into(seg, 3, 4, into, i.to(other), False)",
                 "ValueError",
@@ -224,4 +220,5 @@ def test_errors(device: str) -> None:
             ),
         ],
         device,
+        setup,
     )

@@ -96,70 +96,66 @@ def test_opcheck(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(device: str) -> None:
-    setup = (
-        "other = torch.device('meta') if dev.type == 'cpu' else torch.device('cpu'); "
-        "p, z, r = ops.project_quantize_rows(torch.randn(4, 6, device=dev), 3, 2); "
-    )
-
-    def case(name: str, call: str, error: str, match: str) -> ErrorCase:
-        return ErrorCase(name, setup + call, error, match)
+    setup = "p, z, r = ops.project_quantize_rows(torch.randn(4, 6, device=dev), 3, 2); "
 
     expect_errors(
         [
-            case(
+            ErrorCase(
                 "bits 3",
                 "ops.dequantize_unproject_rows(p, z, r, 3, 3, 6)",
                 "ValueError",
                 "1, 2, 4, 8",
             ),
-            case("k 0", "ops.dequantize_unproject_rows(p, z, r, 2, 0, 6)", "ValueError", "k >= 1"),
-            case(
+            ErrorCase(
+                "k 0", "ops.dequantize_unproject_rows(p, z, r, 2, 0, 6)", "ValueError", "k >= 1"
+            ),
+            ErrorCase(
                 "d -1", "ops.dequantize_unproject_rows(p, z, r, 2, 3, -1)", "ValueError", "d >= 0"
             ),
-            case(
+            ErrorCase(
                 "huge matrix",
                 "ops.dequantize_unproject_rows(p, z, r, 2, 2**20, 2**21)",
                 "ValueError",
                 "projection matrix is too large",
             ),
-            case(
+            ErrorCase(
                 "short packed",
                 "ops.dequantize_unproject_rows(p[:1], z, r, 2, 3, 6)",
                 "ValueError",
                 "need",
             ),
-            case(
+            ErrorCase(
                 "int32 packed",
                 "ops.dequantize_unproject_rows(p.int(), z, r, 2, 3, 6)",
                 "TypeError",
                 "1-d uint8",
             ),
-            case(
+            ErrorCase(
                 "float zero",
                 "ops.dequantize_unproject_rows(p, z.float(), r, 2, 3, 6)",
                 "TypeError",
                 "bfloat16",
             ),
-            case(
+            ErrorCase(
                 "too many values",
                 "ops.dequantize_unproject_rows(p[:1].expand(2**40), z[:1].expand(2**40), "
                 "r[:1].expand(2**40), 8, 1, 2**21)",
                 "ValueError",
                 "rows \\* d too large",
             ),
-            case(
+            ErrorCase(
                 "negative projection offset",
                 "ops.dequantize_unproject_rows(p, z, r, 2, 3, 6, 0, -1)",
                 "ValueError",
                 "offset must be >= 0",
             ),
-            case(
+            ErrorCase(
                 "counter overflow",
                 "ops.dequantize_unproject_rows(p, z, r, 2, 3, 6, 0, 2**63 - 5)",
                 "ValueError",
                 r"2\^63",
             ),
-            case(
+            ErrorCase(
                 "zero elsewhere",
                 "ops.dequantize_unproject_rows(p, z.to(other), r, 2, 3, 6)",
                 "ValueError",
@@ -167,4 +163,5 @@ def test_errors(device: str) -> None:
             ),
         ],
         device,
+        setup,
     )

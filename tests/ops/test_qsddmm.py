@@ -149,17 +149,14 @@ def test_opcheck(device: str) -> None:
         opcheck(ops.qsddmm.default, args)
 
 
-def _case(name: str, call: str, error: str, match: str) -> ErrorCase:
-    """A case whose ``call`` may use q (int8 [3, 4]), q3 (int8 [3, 2, 4]), idx ([0, 2]),
-    i64 (helper) and other (another device)."""
-    setup = (
-        "i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=dev)\n"
-        "q = torch.ones(3, 4, dtype=torch.int8, device=dev)\n"
-        "q3 = torch.ones(3, 2, 4, dtype=torch.int8, device=dev)\n"
-        "idx = i64(0, 2)\n"
-        "other = 'cpu' if dev.type == 'cuda' else 'meta'\n"
-    )
-    return ErrorCase(name, setup + call, error, match)
+# What every error case may use: q (int8 [3, 4]), q3 (int8 [3, 2, 4]), idx ([0, 2]), i64
+# (a helper); support defines other, a device that is not dev.
+SETUP = (
+    "i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=dev)\n"
+    "q = torch.ones(3, 4, dtype=torch.int8, device=dev)\n"
+    "q3 = torch.ones(3, 2, 4, dtype=torch.int8, device=dev)\n"
+    "idx = i64(0, 2)\n"
+)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -168,170 +165,170 @@ def test_errors(device: str) -> None:
     expect_errors(
         [
             # the front
-            _case(
+            ErrorCase(
                 "op div",
                 "ops.qsddmm('div', q, 1.0, idx, q, 1.0, idx)",
                 "ValueError",
                 "op must be one of 'add', 'sub', 'mul', 'dot', got 'div'",
             ),
-            _case(
+            ErrorCase(
                 "op empty",
                 "ops.qsddmm('', q, 1.0, idx, q, 1.0, idx)",
                 "ValueError",
                 "op must be one of",
             ),
-            _case(
+            ErrorCase(
                 "q_lhs float",
                 "ops.qsddmm('add', q.float(), 1.0, idx, q, 1.0, idx)",
                 "TypeError",
                 "q_lhs must be int8, got float32",
             ),
-            _case(
+            ErrorCase(
                 "q_lhs 1-d",
                 "ops.qsddmm('add', q[0], 1.0, idx, q, 1.0, idx)",
                 "ValueError",
                 r"q_lhs must have shape \[N, D\] or \[N, H, D\]",
             ),
-            _case(
+            ErrorCase(
                 "q_lhs sparse",
                 "ops.qsddmm('add', q.to_sparse(), 1.0, idx, q, 1.0, idx)",
                 "ValueError",
                 "q_lhs must be a dense",
             ),
-            _case(
+            ErrorCase(
                 "q_rhs uint8",
                 "ops.qsddmm('dot', q, 1.0, idx, q.to(torch.uint8), 1.0, idx)",
                 "TypeError",
                 "q_rhs must be int8, got uint8",
             ),
-            _case(
+            ErrorCase(
                 "q_rhs 4-d",
                 "ops.qsddmm('mul', q3, 1.0, idx, q3[None], 1.0, idx)",
                 "ValueError",
                 "q_rhs must have shape",
             ),
-            _case(
+            ErrorCase(
                 "q_rhs device",
                 "ops.qsddmm('add', q, 1.0, idx, q.to(other), 1.0, idx)",
                 "ValueError",
                 "q_rhs is on .* but q_lhs is on",
             ),
-            _case(
+            ErrorCase(
                 "lhs_index float",
                 "ops.qsddmm('add', q, 1.0, idx.float(), q, 1.0, idx)",
                 "TypeError",
                 "lhs_index must be int32 or int64, got float32",
             ),
-            _case(
+            ErrorCase(
                 "lhs_index 2-d",
                 "ops.qsddmm('add', q, 1.0, idx[None], q, 1.0, idx)",
                 "ValueError",
                 "lhs_index must be 1-d",
             ),
-            _case(
+            ErrorCase(
                 "lhs_index device",
                 "ops.qsddmm('add', q, 1.0, idx.to(other), q, 1.0, idx)",
                 "ValueError",
                 "lhs_index is on",
             ),
-            _case(
+            ErrorCase(
                 "rhs_index uint8",
                 "ops.qsddmm('add', q, 1.0, idx, q, 1.0, idx.to(torch.uint8))",
                 "TypeError",
                 "rhs_index must be int32 or int64",
             ),
-            _case(
+            ErrorCase(
                 "rhs_index 0-d",
                 "ops.qsddmm('add', q, 1.0, idx, q, 1.0, idx[0])",
                 "ValueError",
                 "rhs_index must be 1-d",
             ),
-            _case(
+            ErrorCase(
                 "rhs_index device",
                 "ops.qsddmm('add', q, 1.0, idx, q, 1.0, idx.to(other))",
                 "ValueError",
                 "rhs_index is on",
             ),
-            _case(
+            ErrorCase(
                 "trailing width",
                 "ops.qsddmm('add', q, 1.0, idx, q[:, :2], 1.0, idx)",
                 "ValueError",
                 "q_lhs and q_rhs need the same trailing shape",
             ),
-            _case(
+            ErrorCase(
                 "trailing heads",
                 "ops.qsddmm('dot', q3, 1.0, idx, q, 1.0, idx)",
                 "ValueError",
                 "same trailing shape",
             ),
-            _case(
+            ErrorCase(
                 "index lengths",
                 "ops.qsddmm('add', q, 1.0, idx, q, 1.0, idx[:1])",
                 "ValueError",
                 "lhs_index has 2 entries, rhs_index 1",
             ),
             # the kernels: an index out of range
-            _case(
+            ErrorCase(
                 "rhs too large, dot",
                 "ops.qsddmm('dot', q, 1.0, idx, q, 1.0, i64(0, 3))",
                 "ValueError",
                 outside,
             ),
-            _case(
+            ErrorCase(
                 "lhs negative, mul",
                 "ops.qsddmm('mul', q, 1.0, i64(-1, 0), q, 1.0, idx)",
                 "ValueError",
                 outside,
             ),
-            _case(
+            ErrorCase(
                 "lhs too large, add, int32",
                 "ops.qsddmm('add', q, 1.0, i64(0, 7).int(), q, 1.0, idx.int())",
                 "ValueError",
                 outside,
             ),
-            _case(
+            ErrorCase(
                 "rhs too large, sub, mixed",
                 "ops.qsddmm('sub', q, 1.0, idx.int(), q, 1.0, i64(5, 0))",
                 "ValueError",
                 outside,
             ),
-            _case(
+            ErrorCase(
                 "rhs too large, narrow heads",
                 "ops.qsddmm('add', q3[..., :1], 1.0, idx, q3[..., :1], 1.0, i64(0, 3))",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "lhs too large, dot per head",
                 "ops.qsddmm('dot', q3, 1.0, i64(3, 0), q3, 1.0, idx)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "lhs too large, wide",
                 "ops.qsddmm('add', torch.ones(3, 300, dtype=torch.int8, device=dev), 1.0, i64(0, 3), torch.ones(3, 300, dtype=torch.int8, device=dev), 1.0, idx)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "rhs too large, width 0",
                 "ops.qsddmm('add', q[:, :0], 1.0, idx, q[:, :0], 1.0, i64(0, 3))",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "lhs too large, dot width 0",
                 "ops.qsddmm('dot', q[:, :0], 1.0, i64(3, 0), q[:, :0], 1.0, idx)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "lhs too large, dot no heads",
                 "ops.qsddmm('dot', q3[:, :0], 1.0, i64(3, 0), q3[:, :0], 1.0, idx)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "q without rows",
                 "ops.qsddmm('add', torch.ones(0, 4, dtype=torch.int8, device=dev), 1.0, idx, q, 1.0, idx)",
                 "ValueError",
@@ -339,4 +336,5 @@ def test_errors(device: str) -> None:
             ),
         ],
         device,
+        SETUP,
     )

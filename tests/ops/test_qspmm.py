@@ -231,18 +231,15 @@ def test_opcheck(device: str) -> None:
         opcheck(ops.qspmm.default, args)
 
 
-def _case(name: str, call: str, error: str, match: str) -> ErrorCase:
-    """A case whose ``call`` may use ip (indptr [0, 2, 3]), ix (indices [0, 1, 1]), q (int8
-    [2, 4]), q3 (int8 [2, 3, 4]), w (3 weights), i64 (helper) and other (another device)."""
-    setup = (
-        "i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=dev)\n"
-        "ip, ix = i64(0, 2, 3), i64(0, 1, 1)\n"
-        "q = torch.ones(2, 4, dtype=torch.int8, device=dev)\n"
-        "q3 = torch.ones(2, 3, 4, dtype=torch.int8, device=dev)\n"
-        "w = torch.ones(3, device=dev)\n"
-        "other = 'cpu' if dev.type == 'cuda' else 'meta'\n"
-    )
-    return ErrorCase(name, setup + call, error, match)
+# What every error case may use: ip (indptr [0, 2, 3]), ix (indices [0, 1, 1]), q (int8 [2, 4]),
+# q3 (int8 [2, 3, 4]), w (3 weights), i64 (a helper); support defines other, a device not dev.
+SETUP = (
+    "i64 = lambda *v: torch.tensor(v, dtype=torch.int64, device=dev)\n"
+    "ip, ix = i64(0, 2, 3), i64(0, 1, 1)\n"
+    "q = torch.ones(2, 4, dtype=torch.int8, device=dev)\n"
+    "q3 = torch.ones(2, 3, 4, dtype=torch.int8, device=dev)\n"
+    "w = torch.ones(3, device=dev)\n"
+)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -255,231 +252,235 @@ def test_errors(device: str) -> None:
     expect_errors(
         [
             # the front: dtypes, dims, layouts, devices, shapes
-            _case(
+            ErrorCase(
                 "indptr float",
                 "ops.qspmm(ip.float(), ix, q, 1.0)",
                 "TypeError",
                 "indptr must be int32 or int64, got float32",
             ),
-            _case(
+            ErrorCase(
                 "indptr 2-d", "ops.qspmm(ip[None], ix, q, 1.0)", "ValueError", "indptr must be 1-d"
             ),
-            _case(
+            ErrorCase(
                 "indptr sparse",
                 "ops.qspmm(ip.to_sparse(), ix, q, 1.0)",
                 "ValueError",
                 "indptr must be a dense",
             ),
-            _case(
+            ErrorCase(
                 "indptr empty",
                 "ops.qspmm(ip[:0], ix[:0], q, 1.0)",
                 "ValueError",
                 "indptr needs at least one entry",
             ),
-            _case(
+            ErrorCase(
                 "indices int16",
                 "ops.qspmm(ip, ix.short(), q, 1.0)",
                 "TypeError",
                 "indices must be int32 or int64, got int16",
             ),
-            _case(
+            ErrorCase(
                 "indices 2-d",
                 "ops.qspmm(ip, ix[None], q, 1.0)",
                 "ValueError",
                 "indices must be 1-d",
             ),
-            _case(
+            ErrorCase(
                 "indices device",
                 "ops.qspmm(ip, ix.to(other), q, 1.0)",
                 "ValueError",
                 "indices is on .* but indptr is on",
             ),
-            _case(
+            ErrorCase(
                 "q float",
                 "ops.qspmm(ip, ix, q.float(), 1.0)",
                 "TypeError",
                 "q must be int8, got float32",
             ),
-            _case("q int32", "ops.qspmm(ip, ix, q.int(), 1.0)", "TypeError", "q must be int8"),
-            _case(
+            ErrorCase("q int32", "ops.qspmm(ip, ix, q.int(), 1.0)", "TypeError", "q must be int8"),
+            ErrorCase(
                 "q 1-d",
                 "ops.qspmm(ip, ix, q[0], 1.0)",
                 "ValueError",
                 r"q must have shape \[N, D\] or \[N, H, D\]",
             ),
-            _case("q 4-d", "ops.qspmm(ip, ix, q3[None], 1.0)", "ValueError", r"q must have shape"),
-            _case(
+            ErrorCase(
+                "q 4-d", "ops.qspmm(ip, ix, q3[None], 1.0)", "ValueError", r"q must have shape"
+            ),
+            ErrorCase(
                 "q device",
                 "ops.qspmm(ip, ix, q.to(other), 1.0)",
                 "ValueError",
                 "q is on .* but indptr is on",
             ),
-            _case(
+            ErrorCase(
                 "eids float",
                 "ops.qspmm(ip, ix, q, 1.0, w, ix.float())",
                 "TypeError",
                 "eids must be int32 or int64",
             ),
-            _case(
+            ErrorCase(
                 "eids length",
                 "ops.qspmm(ip, ix, q, 1.0, w, ix[:2])",
                 "ValueError",
                 "eids has 2 entries, indices 3",
             ),
-            _case(
+            ErrorCase(
                 "eids length, no weight",
                 "ops.qspmm(ip, ix, q, 1.0, None, ix[:2])",
                 "ValueError",
                 "eids has 2 entries",
             ),
-            _case(
+            ErrorCase(
                 "eids device",
                 "ops.qspmm(ip, ix, q, 1.0, w, ix.to(other))",
                 "ValueError",
                 "eids is on",
             ),
-            _case(
+            ErrorCase(
                 "weight complex",
                 "ops.qspmm(ip, ix, q, 1.0, w.to(torch.complex64))",
                 "TypeError",
                 r"weight must be a real \(float32\) tensor",
             ),
-            _case(
+            ErrorCase(
                 "weight bool",
                 "ops.qspmm(ip, ix, q, 1.0, w.bool())",
                 "TypeError",
                 "weight must be a real",
             ),
-            _case(
+            ErrorCase(
                 "weight sparse",
                 "ops.qspmm(ip, ix, q, 1.0, w.to_sparse())",
                 "ValueError",
                 "weight must be a dense",
             ),
-            _case(
+            ErrorCase(
                 "weight device",
                 "ops.qspmm(ip, ix, q, 1.0, w.to(other))",
                 "ValueError",
                 "weight is on",
             ),
-            _case(
+            ErrorCase(
                 "weight heads",
                 "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 2, device=dev))",
                 "ValueError",
                 r"weight must have shape \[E\], \[E, 1\], \[E, 3\] or \[E, 3, 1\], got \[3, 2\]",
             ),
-            _case(
+            ErrorCase(
                 "weight [E, H, 2]",
                 "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 3, 2, device=dev))",
                 "ValueError",
                 "weight must have shape",
             ),
-            _case(
+            ErrorCase(
                 "weight 0-d",
                 "ops.qspmm(ip, ix, q, 1.0, w[0])",
                 "ValueError",
                 "weight must have shape",
             ),
-            _case(
+            ErrorCase(
                 "weight 4-d",
                 "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 3, 1, 1, device=dev))",
                 "ValueError",
                 "weight must have shape",
             ),
-            _case(
+            ErrorCase(
                 "weight per head on [N, D]",
                 "ops.qspmm(ip, ix, q, 1.0, torch.ones(3, 2, device=dev))",
                 "ValueError",
                 r"\[E, 1\] or \[E, 1, 1\]",
             ),
-            _case(
+            ErrorCase(
                 "weight rows",
                 "ops.qspmm(ip, ix, q, 1.0, w[:2])",
                 "ValueError",
                 "weight has 2 rows but there are 3 entries and no eids",
             ),
             # the kernels: what only the data shows
-            _case("indptr start", "ops.qspmm(i64(1, 2, 3), ix, q, 1.0)", "ValueError", start),
-            _case(
+            ErrorCase("indptr start", "ops.qspmm(i64(1, 2, 3), ix, q, 1.0)", "ValueError", start),
+            ErrorCase(
                 "indptr negative start", "ops.qspmm(i64(-1, 2, 3), ix, q, 1.0)", "ValueError", start
             ),
-            _case("indptr end", "ops.qspmm(i64(0, 2, 4), ix, q, 1.0)", "ValueError", end),
-            _case("indptr short end", "ops.qspmm(i64(0, 1, 2), ix, q, 1.0)", "ValueError", end),
-            _case(
+            ErrorCase("indptr end", "ops.qspmm(i64(0, 2, 4), ix, q, 1.0)", "ValueError", end),
+            ErrorCase("indptr short end", "ops.qspmm(i64(0, 1, 2), ix, q, 1.0)", "ValueError", end),
+            ErrorCase(
                 "indptr decreasing",
                 "ops.qspmm(i64(0, 2, 1, 3), ix, q, 1.0)",
                 "ValueError",
                 decreasing,
             ),
-            _case(
+            ErrorCase(
                 "indptr decreasing int32",
                 "ops.qspmm(i64(0, 3, 1, 3).int(), ix.int(), q, 1.0, w)",
                 "ValueError",
                 decreasing,
             ),
-            _case("no rows, entries", "ops.qspmm(i64(0), ix, q, 1.0)", "ValueError", end),
-            _case("no rows, indptr [1]", "ops.qspmm(i64(1), ix[:0], q, 1.0)", "ValueError", start),
-            _case(
+            ErrorCase("no rows, entries", "ops.qspmm(i64(0), ix, q, 1.0)", "ValueError", end),
+            ErrorCase(
+                "no rows, indptr [1]", "ops.qspmm(i64(1), ix[:0], q, 1.0)", "ValueError", start
+            ),
+            ErrorCase(
                 "index too large",
                 "ops.qspmm(ip, i64(0, 1, 2), q, 1.0)",
                 "ValueError",
                 r"an entry of indices is outside \[0, 2\) \(rows of q\)",
             ),
-            _case(
+            ErrorCase(
                 "index negative",
                 "ops.qspmm(ip, i64(0, -1, 1), q, 1.0)",
                 "ValueError",
                 r"indices is outside \[0, 2\)",
             ),
-            _case(
+            ErrorCase(
                 "index int32 mixed",
                 "ops.qspmm(ip.int(), i64(0, 5, 1), q, 1.0, w)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "index, per-head weight",
                 "ops.qspmm(ip, i64(0, 1, 9), q3, 1.0, torch.ones(3, 3, device=dev), ix)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "index, width 0",
                 "ops.qspmm(ip, i64(0, 1, 2), q[:, :0], 1.0)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "index, no heads",
                 "ops.qspmm(ip, i64(0, 1, 2), q3[:, :0], 1.0)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "index, q without rows",
                 "ops.qspmm(ip, ix, torch.ones(0, 4, dtype=torch.int8, device=dev), 1.0)",
                 "ValueError",
                 r"outside \[0, 0\)",
             ),
-            _case(
+            ErrorCase(
                 "index, wide rows",
                 "ops.qspmm(ip, i64(0, 1, 2), torch.ones(2, 700, dtype=torch.int8, device=dev), 1.0)",
                 "ValueError",
                 "outside",
             ),
-            _case(
+            ErrorCase(
                 "eid too large",
                 "ops.qspmm(ip, ix, q, 1.0, w, i64(0, 1, 3))",
                 "ValueError",
                 r"or of eids outside \[0, 3\) \(rows of weight\)",
             ),
-            _case(
+            ErrorCase(
                 "eid negative, per-head weight",
                 "ops.qspmm(ip, ix, q3, 1.0, torch.ones(3, 3, 1, device=dev), i64(0, -2, 1))",
                 "ValueError",
                 "rows of weight",
             ),
-            _case(
+            ErrorCase(
                 "eid, weight without rows",
                 "ops.qspmm(ip, ix, q, 1.0, torch.ones(0, device=dev), ix)",
                 "ValueError",
@@ -487,4 +488,5 @@ def test_errors(device: str) -> None:
             ),
         ],
         device,
+        SETUP,
     )

@@ -124,91 +124,87 @@ def test_opcheck(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors(device: str) -> None:
     setup = (
-        "other = torch.device('meta') if dev.type == 'cpu' else torch.device('cpu'); "
         "x = torch.randn(6, 5, device=dev); "
         "i = torch.tensor([0, 1, 2], device=dev); "
         "out = torch.empty(20, dtype=torch.uint8, device=dev); "
     )
 
-    def case(name: str, call: str, error: str, match: str) -> ErrorCase:
-        return ErrorCase(name, setup + call, error, match)
-
     expect_errors(
         [
-            case(
+            ErrorCase(
                 "bits 3",
                 "ops.quantize_rows_into(x, i, 3, True, 0, 0, out)",
                 "ValueError",
                 "1, 2, 4, 8",
             ),
-            case(
+            ErrorCase(
                 "float64",
                 "ops.quantize_rows_into(x.double(), i, 4, True, 0, 0, out)",
                 "TypeError",
                 "2-d float32",
             ),
-            case(
+            ErrorCase(
                 "float index",
                 "ops.quantize_rows_into(x, i.float(), 4, True, 0, 0, out)",
                 "TypeError",
                 "index must be a 1-d int64 tensor",
             ),
-            case(
+            ErrorCase(
                 "int32 index",
                 "ops.quantize_rows_into(x, i.int(), 4, True, 0, 0, out)",
                 "TypeError",
                 "index must be a 1-d int64 tensor",
             ),
-            case(
+            ErrorCase(
                 "index outside",
                 "ops.quantize_rows_into(x, torch.tensor([0, 6, 1], device=dev), 4, True, 0, 0, out)",
                 "IndexError",
                 r"index\[1\] = 6 is outside \[0, 6\)",
             ),
-            case(
+            ErrorCase(
                 "negative index",
                 "ops.quantize_rows_into(x, torch.tensor([0, 1, -1], device=dev), 4, True, 0, 0, out)",
                 "IndexError",
                 r"index\[2\] = -1 is outside \[0, 6\)",
             ),
-            case(
+            ErrorCase(
                 "short segment",
                 "ops.quantize_rows_into(x, torch.arange(5, device=dev), 4, True, 0, 0, out)",
                 "ValueError",
                 "the segment has 20 bytes, its rows need 33",
             ),
-            case(
+            ErrorCase(
                 "int8 segment",
                 "ops.quantize_rows_into(x, i, 4, True, 0, 0, out.to(torch.int8))",
                 "TypeError",
                 "the segment must be a 1-d uint8 tensor",
             ),
-            case(
+            ErrorCase(
                 "strided segment",
                 "ops.quantize_rows_into(x, i, 4, True, 0, 0, "
                 "torch.empty(40, dtype=torch.uint8, device=dev)[::2])",
                 "ValueError",
                 "the segment must be a contiguous tensor",
             ),
-            case(
+            ErrorCase(
                 "negative offset",
                 "ops.quantize_rows_into(x, i, 4, True, 0, -1, out)",
                 "ValueError",
                 "offset must be >= 0",
             ),
-            case(
+            ErrorCase(
                 "counter overflow",
                 "ops.quantize_rows_into(x, i, 4, True, 0, 2**63 - 5, out)",
                 "ValueError",
                 r"2\^63",
             ),
-            case(
+            ErrorCase(
                 "index elsewhere",
                 "ops.quantize_rows_into(x, i.to(other), 4, True, 0, 0, out)",
                 "ValueError",
                 "index is on",
             ),
-            case(
+            ErrorCase(
                 "segment elsewhere",
                 "ops.quantize_rows_into(x, i, 4, True, 0, 0, out.to(other))",
                 "ValueError",
@@ -216,4 +212,5 @@ def test_errors(device: str) -> None:
             ),
         ],
         device,
+        setup,
     )
