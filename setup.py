@@ -28,12 +28,17 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
+import subprocess
 import sys
+import sysconfig
+from collections.abc import MutableMapping
 
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 EXT_DIR = "ext"
+SYSTEM_COMPILERS = ("/usr/bin/gcc", "/usr/bin/g++")
 CUDA_ARCHS = "8.0;9.0+PTX"  # ext/cuda_check.py compiles the same two (make cuda-check)
 
 try:
@@ -57,6 +62,50 @@ def _jobs() -> None:
         os.environ["MAX_JOBS"] = jobs
     if os.environ.get("MAX_JOBS"):
         _log(f"parallel compile jobs: {os.environ['MAX_JOBS']}")
+
+
+def shared_cxx_runtime(compiler: list[str]) -> bool | None:
+    """Whether ``compiler`` links the C++ runtime as the shared libstdc++.so (None: unknown).
+
+    A compiler without libstdc++.so links libstdc++.a into the extension: the
+    library then carries its own copy of the exception runtime (``__cxa_throw``
+    and the rest, bound inside it), and an exception an op throws is caught by
+    torch's runtime with the other copy's state. The process dies on every raise:
+    this is what the H100 machine's ``/opt/gcc`` (GCC 13.3, set as CC / CXX there,
+    no libstdc++.so) did.
+    """
+    try:
+        found = subprocess.run(
+            [*compiler, "-print-file-name=libstdc++.so"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    # a compiler that cannot find the file prints the bare name back
+    return os.path.isabs(found) and os.path.exists(found)
+
+
+def choose_compilers(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Keep the configured C++ compiler if it links the shared C++ runtime, else switch
+    ``CC`` / ``CXX`` (nvcc's host compiler too) to the system's; returns what was done."""
+    configured = environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    if shared_cxx_runtime(shlex.split(configured)) is not False:
+        return None
+    cc, cxx = SYSTEM_COMPILERS
+    if not (os.path.exists(cxx) and shared_cxx_runtime([cxx])):
+        raise SystemExit(
+            f"qtrain: {configured} has no shared libstdc++ (libstdc++.so), so qtrain._ext would "
+            "carry its own C++ runtime and crash on every error an op raises; set CXX and CC "
+            "to a compiler that has one (torch's own: GCC, with libstdc++ installed)"
+        )
+    environ["CC"], environ["CXX"] = cc, cxx
+    return (
+        f"{configured} has no shared libstdc++, so qtrain._ext would carry its own C++ runtime "
+        f"and crash on every error an op raises: building with {cxx} instead"
+    )
 
 
 def _rel(paths: list[str]) -> list[str]:
@@ -185,6 +234,9 @@ def _extension() -> object:
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
     _jobs()
+    switched = choose_compilers()
+    if switched:
+        _log(switched)
     setup(
         ext_modules=[_extension()],
         cmdclass={"build_ext": cpp_extension.BuildExtension},

@@ -77,14 +77,16 @@ def build(log: Path) -> dict[str, Any]:
     }
 
 
-def check() -> dict[str, Any]:
-    """The CUDA tests, with pytest's summary line."""
+def check(log: Path) -> dict[str, Any]:
+    """The CUDA tests, with pytest's summary line; the whole output goes to ``log``."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", *TESTS]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    log.write_text(done.stdout + done.stderr)
     lines = done.stdout.strip().splitlines()
     return {
         "command": shlex.join(cmd),
+        "log": str(log),
         "returncode": done.returncode,
         "seconds": round(time.perf_counter() - start, 1),
         "summary": lines[-1] if lines else "",
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     record["ext_cuda"] = backends.status()["ext-cuda"]
-    record["stages"]["check"] = check()
+    record["stages"]["check"] = check(path.with_suffix(".check.log"))
     print(f"check: {record['stages']['check']['summary']}", flush=True)
     record["bandwidth_gbps"] = copy_bandwidth_gbps()
     print(

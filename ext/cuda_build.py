@@ -26,6 +26,7 @@ build that imports and raises properly.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -90,6 +91,17 @@ def clean(tree: Path) -> None:
         so.unlink()
 
 
+def choose_compilers(env: dict[str, str]) -> None:
+    """setup.py's compiler choice made here, so this script reports the compiler it used."""
+    spec = importlib.util.spec_from_file_location("qtrain_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    note = setup.choose_compilers(env)
+    if note:
+        log(note)
+
+
 def build(tree: Path, env: dict[str, str]) -> bool:
     start = time.perf_counter()
     done = subprocess.run(
@@ -143,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_place:
         clean(tree)
     log(f"torch {torch.__version__}, CUDA {torch.version.cuda}, in {tree}")
+    choose_compilers(env)
     if not build(tree, env):
         return 1
     report = check(tree)

@@ -14,8 +14,10 @@ every time "auto" had to use the reference instead.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -257,11 +259,46 @@ def check_error_path(backend: str, probe: str | None = None, timeout: float = 12
         name = signal.Signals(-done.returncode).name
         return (
             f"{MODULE} ({backend}) crashed ({name}) when an op raised an error, so any bad argument "
-            f"would kill the process; {_compilers(backend)}; rebuild it with the compiler torch "
-            "was built with or the system's (e.g. CXX=/usr/bin/g++ make build)"
+            f"would kill the process; {_crash_cause(backend)}"
         )
     detail = (done.stdout.strip() or done.stderr.strip() or "no output").splitlines()[-1]
     return f"{MODULE} ({backend}): an op that must raise ValueError did not ({detail})"
+
+
+def _crash_cause(backend: str) -> str:
+    """Why a build dies on a raise, as far as can be seen, and what to do about it."""
+    module, _ = _load(backend)
+    path = getattr(module, "__file__", None)
+    if path is not None and _carries_own_cxx_runtime(path):
+        return (
+            "it carries its own copy of the C++ runtime (libstdc++ linked in statically, "
+            "because its compiler has no libstdc++.so), and that copy's streams crash on the "
+            f"locale torch's runtime set up when an error message is formatted; "
+            f"{_compilers(backend)}; rebuild with a compiler that has libstdc++.so "
+            "(`make build` picks /usr/bin/g++ itself when the configured one has none)"
+        )
+    return (
+        f"{_compilers(backend)}; rebuild it with the compiler torch was built with or the "
+        "system's (e.g. CXX=/usr/bin/g++ make build)"
+    )
+
+
+def _carries_own_cxx_runtime(path: str) -> bool:
+    """:func:`cxx_runtime_owner` is ``path`` itself, asked in a child process: loading such
+    a library beside torch's runtime can abort the process that loads it."""
+    code = "import sys; from qtrain.backends import cxx_runtime_owner as o; print(o(sys.argv[1]))"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, path],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    owner = (done.stdout.strip().splitlines() or [""])[0]
+    return bool(owner) and os.path.realpath(owner) == os.path.realpath(path)
 
 
 def _compilers(backend: str) -> str:
@@ -283,6 +320,36 @@ def _compilers(backend: str) -> str:
         f"built with {built or 'an unknown compiler'}, torch built with {torch_line}, "
         f"C++ runtime loaded: {runtime}"
     )
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
+
+
+def cxx_runtime_owner(path: str) -> str | None:
+    """The file whose ``__cxa_throw`` the shared library at ``path`` throws with (None:
+    unknown, or it throws nothing).
+
+    A healthy build names libstdc++.so.6, the runtime torch catches with; a build
+    whose compiler had only libstdc++.a names itself. Such a library crashed on
+    every raise on the H100 machine (its /opt/gcc has no libstdc++.so).
+    """
+    try:
+        # dlsym through the library's own handle looks in it first, then in what it needs
+        address = ctypes.cast(ctypes.CDLL(path)["__cxa_throw"], ctypes.c_void_p).value
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    info = _DlInfo()
+    if not address or not dladdr(address, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.fsdecode(info.dli_fname)
 
 
 def runtime_libraries() -> list[str]:

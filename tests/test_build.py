@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 from pathlib import Path
 from types import ModuleType
 
@@ -95,3 +96,64 @@ def test_doctor_fails_on_a_build_that_crashes_when_an_op_raises(
     assert report["extensions"]["ext-cpu"]["error_path"] == reason
     table = runner.invoke(app, ["doctor"])
     assert table.exit_code == 1 and "unsafe build" in table.stdout
+
+
+def _fake_compiler(tmp_path: Path, prints: str) -> str:
+    """A "compiler" that answers -print-file-name=libstdc++.so with ``prints``."""
+    script = tmp_path / "fake-g++"
+    script.write_text(f"#!/bin/sh\necho '{prints}'\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_compiler_without_a_shared_cxx_runtime_is_replaced_by_the_systems(
+    tmp_path: Path,
+) -> None:
+    """The H100 machine's /opt/gcc answers with the bare name: it has no libstdc++.so."""
+    setup = _setup_module()
+    assert setup.shared_cxx_runtime([_fake_compiler(tmp_path, "libstdc++.so")]) is False
+    assert setup.shared_cxx_runtime([str(tmp_path / "missing-g++")]) is None
+    environ = {"CC": "/opt/gcc/bin/gcc", "CXX": _fake_compiler(tmp_path, "libstdc++.so")}
+    note = setup.choose_compilers(environ)
+    assert environ == {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}
+    assert note is not None and "no shared libstdc++" in note and "/usr/bin/g++" in note
+
+
+def test_a_compiler_with_a_shared_cxx_runtime_is_kept(tmp_path: Path) -> None:
+    setup = _setup_module()
+    runtime = tmp_path / "libstdc++.so"
+    runtime.write_bytes(b"")
+    environ = {"CXX": _fake_compiler(tmp_path, str(runtime))}
+    assert setup.choose_compilers(environ) is None
+    assert environ == {"CXX": _fake_compiler(tmp_path, str(runtime))}
+    # the system compiler CI builds with has one
+    assert setup.shared_cxx_runtime(["/usr/bin/g++"]) is True
+
+
+def test_a_library_that_carries_its_own_cxx_runtime_is_named(tmp_path: Path) -> None:
+    """What /opt/gcc produced: libstdc++.a linked into the library, __cxa_throw its own."""
+    source = tmp_path / "thrower.cpp"
+    source.write_text(
+        '#include <stdexcept>\nextern "C" void boom() { throw std::invalid_argument("x"); }\n'
+    )
+    own, shared = tmp_path / "own.so", tmp_path / "shared.so"
+    for out, flags in ((own, ["-static-libstdc++"]), (shared, [])):
+        cmd = ["/usr/bin/g++", "-shared", "-fPIC", str(source), "-o", str(out), *flags]
+        subprocess.run(cmd, check=True, capture_output=True)
+    assert backends.cxx_runtime_owner(str(own)) == str(own)
+    assert backends._carries_own_cxx_runtime(str(own))
+    assert not backends._carries_own_cxx_runtime(str(shared))
+    assert "libstdc++.so" in Path(backends.cxx_runtime_owner(str(shared)) or "").name
+    built = backends.status()["ext-cpu"]["path"]
+    assert "libstdc++.so" in Path(backends.cxx_runtime_owner(built) or "").name
+
+
+def test_a_crash_from_an_own_cxx_runtime_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H100 such a build died formatting the error message (SIGSEGV in the static
+    copy's ostream): the crash report says so and how to rebuild."""
+    monkeypatch.setattr(backends, "_carries_own_cxx_runtime", lambda path: True)
+    probe = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    found = backends.check_error_path("ext-cpu", probe)
+    assert found is not None
+    assert re.search(r"crashed \(SIGSEGV\).*its own copy of the C\+\+ runtime", found), found
+    assert "libstdc++.so" in found and "/usr/bin/g++" in found

@@ -57,7 +57,8 @@ def _check_rows(name: str, t: torch.Tensor) -> None:
 def _signed_sums(x: torch.Tensor, signs: torch.Tensor, scale: float) -> torch.Tensor:
     """``fl32(scale * acc)``: ``acc`` adds ``x [rows, n_in]`` times ``signs [n_in, n_out]``
     (+-1: exact) one input at a time, from +0."""
-    acc = torch.zeros(x.shape[0], signs.shape[1], dtype=torch.float32)
+    acc = torch.zeros(x.shape[0], signs.shape[1], dtype=torch.float32, device=x.device)
+    signs = signs.to(x.device)
     for i in range(x.shape[1]):
         acc = acc + x[:, i : i + 1] * signs[i]
     return acc * scale

@@ -214,8 +214,20 @@ def quantize_rows_into(
 ) -> None:
     """:func:`quantize_rows` of ``x[index]`` (all of ``x`` if None) written into the uint8
     segment ``out``: the packed values, then the bfloat16 zeros, then the ranges."""
-    rows = _as_rows(x) if index is None else _as_rows(x)[index]
+    x = _as_rows(x)
+    rows = x if index is None else x[_checked_index(index, x.shape[0], "quantize_rows_into")]
     write_segment(out, *quantize_rows(rows, bits, rounding, seed, offset), rows.shape[1], bits)
+
+
+def _checked_index(index: torch.Tensor, limit: int, fn: str) -> torch.Tensor:
+    """``index`` once every entry is in ``[0, limit)``, else IndexError naming the first one
+    outside: on CUDA an indexing op would stop the process's device with an assert instead."""
+    flat = index.reshape(-1)
+    outside = ((flat < 0) | (flat >= limit)).nonzero()
+    if outside.numel():
+        i = int(outside[0, 0])
+        raise IndexError(f"{fn}: index[{i}] = {int(flat[i])} is outside [0, {limit})")
+    return index
 
 
 def write_segment(
@@ -254,8 +266,10 @@ def dequantize_rows_into(
             f"the segment has {segment.numel()} bytes, {rows} rows of {width} values at "
             f"{bits} bits need {segment_bytes(rows, width, bits)}"
         )
-    if index is not None and torch.unique(index).numel() != index.numel():
-        raise ValueError("index names a row twice; each row may be written once")
+    if index is not None:
+        _checked_index(index, out.shape[0], "dequantize_rows_into")
+        if torch.unique(index).numel() != index.numel():
+            raise ValueError("index names a row twice; each row may be written once")
     if rows == 0:
         return
     zero = segment[n_packed : n_packed + 2 * rows].clone().view(torch.bfloat16)

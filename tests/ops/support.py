@@ -60,13 +60,20 @@ def gen(seed: int) -> torch.Generator:
 
 
 def bits_of(t: torch.Tensor) -> torch.Tensor:
-    """The raw bit patterns of a float tensor (so -0.0 != 0.0 and NaNs compare by payload)."""
+    """The raw bit patterns of a float tensor (so -0.0 != 0.0), every NaN as one pattern.
+
+    A NaN's sign and payload are the hardware's choice, not the kernel's: x86 keeps the
+    input's quiet NaN through a product, an NVIDIA GPU returns its canonical 0x7fffffff
+    (seen on an H100). Where the NaNs are is compared; which NaN is not."""
     views = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
-    return t.view(views[t.dtype]) if t.dtype in views else t
+    if t.dtype not in views:
+        return t
+    return torch.where(t.isnan(), torch.full((), -1, dtype=views[t.dtype]), t.view(views[t.dtype]))
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
-    """``got`` (any device) equals ``want`` bit for bit, dtype and shape included."""
+    """``got`` (any device) equals ``want`` bit for bit, dtype and shape included, where
+    the NaNs are included (not their payloads, see :func:`bits_of`)."""
     got = got.cpu()
     want = want.cpu()
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"

@@ -45,7 +45,10 @@ def test_matches_reference(device: str, bits: int, rounding: str) -> None:
             proj = offset // 3
             q, back = fused_reference(rows, d, k, bits, rounding, seed, offset, proj)
             zero, rng = q[1].to(device), q[2].to(device)
-            for packed in (q[0].to(device), misaligned(q[0], device) if q[0].numel() else q[0]):
+            for packed in (
+                q[0].to(device),
+                misaligned(q[0], device) if q[0].numel() else q[0].to(device),
+            ):
                 got = ops.dequantize_unproject_rows(
                     packed, zero, rng, bits, k, d, op_seed(seed), proj
                 )
