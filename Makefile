@@ -38,8 +38,8 @@ test-fast: $(BUILT)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(DEPS)
-	$(BIN)/ruff check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py ext/torch_range.py
-	$(BIN)/ruff format --check qtrain plugins tests bench setup.py ext/cuda_check.py ext/cuda_build.py ext/torch_range.py
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor

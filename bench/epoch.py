@@ -26,9 +26,9 @@ import torch
 from _record import write_json
 
 from qtrain.plugin import PatchSession, PluginContext
-from qtrain.recipe import _quant, load_recipe
+from qtrain.recipe import load_recipe, parse_quant
 from qtrain.train.loop import Trainer
-from qtrain.train.runner import prepared
+from qtrain.train.prepare import prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"gcn": "arxiv-gcn", "gat": "arxiv-gat"}
@@ -44,7 +44,7 @@ def _variant(name: str, model: Any, bits: int, seed: int) -> Iterator[dict[str, 
         with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
             yield info
     else:
-        quant = _quant({"quant": {"plugin": ["tango"], "tango": {"bits": bits}}})
+        quant = parse_quant({"plugin": ["tango"], "tango": {"bits": bits}})
         session = PatchSession(quant, PluginContext(seed=seed, model=model))
         with session:
             yield info

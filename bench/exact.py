@@ -58,7 +58,7 @@ from qtrain.ops import compress, dispatch
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import Recipe, load_recipe
 from qtrain.train.loop import Trainer
-from qtrain.train.runner import prepared
+from qtrain.train.prepare import prepared
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20

@@ -102,7 +102,7 @@ def child(variant: str, args: argparse.Namespace) -> int:
     from qtrain.plugin import PatchSession, PluginContext
     from qtrain.recipe import load_recipe
     from qtrain.train.loop import Trainer
-    from qtrain.train.runner import prepared
+    from qtrain.train.prepare import prepared
 
     torch.set_num_threads(args.threads)
     overrides = [

@@ -41,10 +41,10 @@ def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str
     import torch
 
     from qtrain._malloc import keep_freed_memory
-    from qtrain.dist.partition import assign_parts, build_partition
-    from qtrain.dist.trainer import OwnedParts
+    from qtrain.distributed.partition import assign_parts, build_partition
+    from qtrain.distributed.trainer import OwnedParts
     from qtrain.recipe import load_recipe
-    from qtrain.train.runner import prepared
+    from qtrain.train.prepare import prepared
 
     if keep:
         keep_freed_memory()

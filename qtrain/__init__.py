@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def patch(policy: Any = None, /, **options: Any) -> PatchSession:
-    """Activate plugins around a user's own training loop (see ``qtrain.plugin.patch``)."""
-    from qtrain.plugin import patch as _patch
+    """Activate plugins around a user's own training loop (see ``qtrain.patching.patch``)."""
+    from qtrain.patching import patch as _patch
 
     return _patch(policy, **options)
 

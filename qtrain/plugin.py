@@ -21,7 +21,7 @@ import dataclasses
 import importlib
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, NamedTuple
@@ -30,7 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from qtrain._compat import import_dgl
-from qtrain.errors import PluginError, RecipeError
+from qtrain.errors import PluginError
 from qtrain.registry import Registry
 
 # Where DGL binds each primitive at import; the patcher starts from the object
@@ -327,46 +327,3 @@ class PatchSession:
 def activated(quant: Any, context: PluginContext | None = None) -> PatchSession:
     """The plugins of a recipe's ``[quant]`` section, ready to enter."""
     return PatchSession(quant, context)
-
-
-def _quant_section(policy: Any, options: Mapping[str, Any]) -> Any:
-    """Turn the forms ``qtrain.patch`` accepts into a validated QuantSection."""
-    from qtrain.recipe import QuantSection, Recipe, _quant
-
-    if isinstance(policy, Recipe):
-        policy = policy.quant
-    if isinstance(policy, QuantSection):
-        if options:
-            raise PluginError("options go in the QuantSection, not as keywords")
-        return policy
-    if policy is None:
-        table: dict[str, Any] = {"plugin": []}
-    elif isinstance(policy, str):
-        table = {"plugin": [policy], policy: dict(options)}
-    elif isinstance(policy, Iterable) and not isinstance(policy, Mapping):
-        names = list(policy)
-        if options:
-            raise PluginError("keyword options need a single plugin name; pass a dict for several")
-        table = {"plugin": names}
-    elif isinstance(policy, Mapping):
-        table = dict(policy)
-        if options:
-            raise PluginError("keyword options need a single plugin name; put them in the dict")
-    else:
-        raise PluginError(
-            "qtrain.patch takes a plugin name, a list of names, a [quant] table as a dict, "
-            f"a QuantSection or a Recipe, not {type(policy).__name__}"
-        )
-    try:
-        return _quant({"quant": table})
-    except RecipeError as exc:
-        raise PluginError(str(exc)) from None
-
-
-def patch(policy: Any = None, /, *, seed: int = 0, **options: Any) -> PatchSession:
-    """Patch DGL for a user's own training loop.
-
-    ``with qtrain.patch("trace") as session: train(model)`` or
-    ``qtrain.patch({"plugin": ["tango", "exact"], "tango": {"bits": 8}})``.
-    """
-    return PatchSession(_quant_section(policy, options), PluginContext(seed=seed))

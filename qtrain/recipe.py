@@ -165,10 +165,10 @@ def _named(raw: Mapping[str, Any], key: str, registry: Any) -> tuple[str, Any]:
     return name, entry.parse(table, key)
 
 
-def _quant(raw: Mapping[str, Any]) -> QuantSection:
+def parse_quant(table: Mapping[str, Any]) -> QuantSection:
+    """A ``[quant]`` table (its plugins and their sub-tables), validated."""
     from qtrain.plugin import PLUGINS
 
-    table = _table(raw, "quant")
     plugins = table.get("plugin", [])
     if isinstance(plugins, str):
         plugins = [plugins] if plugins else []
@@ -217,7 +217,7 @@ def build_recipe(raw: Mapping[str, Any], name: str) -> Recipe:
         model=ModelSection(model_name, model_opts),
         dataset=DatasetSection(dataset_name, dataset_opts),
         train=parse_section(TrainConfig, _table(raw, "train"), "train"),
-        quant=_quant(raw),
+        quant=parse_quant(_table(raw, "quant")),
         distributed=parse_section(DistributedConfig, _table(raw, "distributed"), "distributed"),
         output=output,
     )

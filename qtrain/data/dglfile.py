@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from qtrain.config import option
-from qtrain.data import DATASETS
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK, NodeDataset
 from qtrain.data.dgl_reader import read_graph_file
+from qtrain.data.registry import DATASETS
 from qtrain.errors import DatasetError
 
 # First 8 bytes of every file dgl.save_graphs writes (kDGLSerializeMagic, little endian).

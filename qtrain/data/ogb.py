@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from qtrain.config import option
-from qtrain.data import DATASETS
 from qtrain.data.base import (
     FEAT,
     LABEL,
@@ -48,6 +47,7 @@ from qtrain.data.base import (
     data_dir,
     index_mask,
 )
+from qtrain.data.registry import DATASETS
 from qtrain.errors import DatasetError
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from qtrain.config import option
-from qtrain.data import DATASETS, safe_pickle
+from qtrain.data import safe_pickle
 from qtrain.data.base import (
     FEAT,
     LABEL,
@@ -45,6 +45,7 @@ from qtrain.data.base import (
     data_dir,
     memory_budget,
 )
+from qtrain.data.registry import DATASETS
 from qtrain.errors import DatasetError
 
 NAMES = ("cora", "citeseer", "pubmed")

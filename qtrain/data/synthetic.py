@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from qtrain.config import option
-from qtrain.data import DATASETS
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK, NodeDataset, data_dir
 from qtrain.data.cache import load_arrays, options_hash, save_arrays
+from qtrain.data.registry import DATASETS
 from qtrain.errors import DatasetError
 
 # Bump when the generator changes what a given option set produces: cached

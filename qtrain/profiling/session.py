@@ -28,7 +28,7 @@ from qtrain.plugin import Patcher, PluginContext, activated
 from qtrain.profiling.attribution import EPOCH_SCOPE, OP_SCOPE, Row, attribute, rows, top_other
 from qtrain.recipe import QuantSection, Recipe
 from qtrain.train.loop import Trainer
-from qtrain.train.runner import prepared
+from qtrain.train.prepare import prepared
 
 BASELINES = ("fp32", "bf16")
 

@@ -214,11 +214,12 @@ def launch(recipe: Recipe) -> dict[str, Any]:
 
 def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
     """Train ``recipe`` as the worker that ``RANK`` / ``WORLD_SIZE`` name."""
-    from qtrain.dist.adaptive import AdaptiveBits, aggregation, message_coefficients
-    from qtrain.dist.exchange import BitPlan, Messenger
-    from qtrain.dist.partition import assign_parts, build_partition
-    from qtrain.dist.trainer import DistTrainer
-    from qtrain.train.runner import _run, prepared
+    from qtrain.distributed.adaptive import AdaptiveBits, aggregation, message_coefficients
+    from qtrain.distributed.exchange import BitPlan, Messenger
+    from qtrain.distributed.partition import assign_parts, build_partition
+    from qtrain.distributed.trainer import DistTrainer
+    from qtrain.train.prepare import prepared
+    from qtrain.train.training import train_prepared
 
     cfg = recipe.distributed
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -274,7 +275,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
                     model, graph, part, messenger, adaptive=adaptive, overlap=cfg.overlap, **kwargs
                 )
 
-            summary = _run(
+            summary = train_prepared(
                 recipe,
                 dataset,
                 graph,

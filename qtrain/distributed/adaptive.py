@@ -11,7 +11,7 @@ proxies (eq. 11's beta: the sum of squared aggregation coefficients of the
 message's readers on the target worker, times the width, times the squared
 range, over 6) and sends them with its calibration to rank 0. Rank 0 fits
 each device pair's cost model (eq. 10's theta and gamma), solves eq. 12
-(``qtrain.dist.assign``) for every exchange and ring round, and sends every
+(``qtrain.distributed.assign``) for every exchange and ring round, and sends every
 worker the bits of what it sends and receives. The solver's time is part of
 the epoch it runs in.
 
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from qtrain.dist.assign import (
+from qtrain.distributed.assign import (
     AssignmentProblem,
     assign_bits,
     fit_cost_model,
@@ -39,8 +39,8 @@ from qtrain.dist.assign import (
     group_sums,
     variance_proxy,
 )
-from qtrain.dist.exchange import BitPlan
-from qtrain.dist.partition import Partition
+from qtrain.distributed.exchange import BitPlan
+from qtrain.distributed.partition import Partition
 
 START_BITS = 8
 SOLVER_TIME_LIMIT_S = 2.0  # per problem; the best assignment found by then is used

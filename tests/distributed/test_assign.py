@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from qtrain.dist.assign import (
+from qtrain.distributed.assign import (
     Assignment,
     AssignmentProblem,
     assign_bits,

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from qtrain.dist.partition import Partition
+from qtrain.distributed.partition import Partition
 from qtrain.ops import compress
 from qtrain.quant import rowwise
 from qtrain.quant.rng import normalize_seed

@@ -7,7 +7,7 @@ the halo rows are in flight, then the marginal ones (adaqp-mlsys23 §3.4);
 backward, the halo rows' gradients travel back while the central half runs
 its backward. Without it, a forward pre-hook on each GNN layer after the
 first appends the halo rows, fetched from their owners, to the owned rows the
-previous layer produced (``qtrain.dist.exchange``); the first layer reads the
+previous layer produced (``qtrain.distributed.exchange``); the first layer reads the
 halo's input features from the worker's own copy of the graph. The loss is
 the worker's share of the global mean (local mean x local count / global
 count), so the all-reduced sum of the workers' gradients (FP32) is the
@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
-from qtrain.dist.adaptive import AdaptiveBits
-from qtrain.dist.exchange import Messenger, SharedGradient, with_halo
-from qtrain.dist.partition import Partition
+from qtrain.distributed.adaptive import AdaptiveBits
+from qtrain.distributed.exchange import Messenger, SharedGradient, with_halo
+from qtrain.distributed.partition import Partition
 from qtrain.models.base import GNNModel
 from qtrain.train.activations import ActivationMeter
 from qtrain.train.loop import Trainer, graph_tensors

@@ -17,8 +17,8 @@ import torch
 from conftest import require_ext
 
 from qtrain._compat import import_dgl
-from qtrain.dist.adaptive import message_coefficients
-from qtrain.dist.exchange import (
+from qtrain.distributed.adaptive import message_coefficients
+from qtrain.distributed.exchange import (
     BitPlan,
     Layout,
     SharedGradient,
@@ -27,8 +27,8 @@ from qtrain.dist.exchange import (
     message_bytes,
     with_halo,
 )
-from qtrain.dist.partition import assign_parts, build_partition
-from qtrain.dist.trainer import OwnedParts
+from qtrain.distributed.partition import assign_parts, build_partition
+from qtrain.distributed.trainer import OwnedParts
 from qtrain.quant import rowwise
 
 RECIPE = """
@@ -229,7 +229,7 @@ def test_traced_ranges_come_from_the_encoded_message() -> None:
     """The assigner's row ranges, in plan order: exact for 32-bit rows, for the others the
     range their segment stored (the one their quantization step is made of)."""
     require_ext()
-    from qtrain.dist.exchange import _row_ranges
+    from qtrain.distributed.exchange import _row_ranges
 
     source = torch.randn(12, 9) * torch.arange(1, 13).float()[:, None]
     sent = torch.tensor([11, 3, 5, 0, 7, 2])

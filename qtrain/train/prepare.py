@@ -1,0 +1,106 @@
+"""What a run starts from: seeds, threads, the device, the dataset, the model and its graph.
+
+Shared by a single-process run, each distributed worker and ``qtrain calibrate`` /
+``qtrain profile``, so they all start exactly as a run of the same recipe does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from qtrain._compat import import_dgl
+from qtrain.errors import QtrainError, RecipeError
+from qtrain.models import build_model
+from qtrain.models.base import GNNModel
+from qtrain.recipe import Recipe
+from qtrain.train.loop import dgl_threads
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator a run draws from: Python, NumPy, torch (CPU and CUDA), DGL."""
+    dgl = import_dgl()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    dgl.seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device for ``train.device``, or a RecipeError if it is not usable here."""
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RecipeError(f"train.device = {name!r}, but torch sees no CUDA device; use 'cpu'")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise RecipeError(
+                f"train.device = {name!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return device
+
+
+def check_mode(recipe: Recipe, model: GNNModel) -> None:
+    """Refuse training modes the model or the fanouts cannot serve, naming the keys."""
+    train = recipe.train
+    if train.mode != "minibatch":
+        return
+    if not model.supports_minibatch:
+        raise RecipeError(
+            f"train.mode = 'minibatch' is not supported by model {recipe.model.name!r} "
+            "(it trains full-graph only); use train.mode = 'full'"
+        )
+    layers = len(model.layers)
+    if len(train.fanouts) != layers:
+        raise RecipeError(
+            f"train.fanouts = {list(train.fanouts)} has {len(train.fanouts)} entries, but model "
+            f"{recipe.model.name!r} has {layers} GNN layers (model.layers); give one fanout per layer"
+        )
+
+
+def check_dgl_device(device: torch.device) -> None:
+    """Fail early (before the run directory exists) if DGL cannot place graphs on ``device``."""
+    dgl = import_dgl()
+    try:
+        dgl.graph(([0], [0])).to(device)
+    except Exception as exc:  # a DGL build without CUDA raises its own error type
+        raise QtrainError(
+            f"train.device = '{device}': this DGL build cannot place graphs there ({exc}); use 'cpu'"
+        ) from None
+
+
+@contextlib.contextmanager
+def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]]:
+    """Threads, seeds, dataset, model and graph exactly as a run of ``recipe`` starts them.
+
+    Yields ``(dataset, graph, model, device)`` with the graph through
+    ``model.prepare_graph`` and the model on the device; thread counts are
+    restored afterwards.
+    """
+    from qtrain.data import load_dataset
+
+    train = recipe.train
+    device = resolve_device(train.device)
+    previous_threads = torch.get_num_threads()
+    with contextlib.ExitStack() as stack:
+        if train.threads:
+            torch.set_num_threads(train.threads)
+            stack.callback(torch.set_num_threads, previous_threads)
+            stack.enter_context(dgl_threads(train.threads))
+        seed_everything(train.seed)
+        dataset = load_dataset(recipe.dataset.name, recipe.dataset.options)
+        seed_everything(train.seed)  # the model's weights do not depend on how the data was made
+        model = build_model(recipe.model, dataset)
+        check_mode(recipe, model)
+        graph = model.prepare_graph(dataset.graph)
+        if device.type == "cuda":
+            check_dgl_device(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        yield dataset, graph, model.to(device), device

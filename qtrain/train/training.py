@@ -1,0 +1,171 @@
+"""One training run of a prepared model: run directory, plugins, trainer, summary.
+
+``train_prepared`` writes ``recipe.toml`` first, then ``metrics.jsonl`` (one line
+per finished epoch), ``summary.json`` with the status and what was measured, and
+the best checkpoint so far; whatever the ending (completed, interrupted,
+failed), the directory stays readable and interruptions and errors are re-raised
+for the CLI to report. A distributed worker passes its own trainer and run
+directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from qtrain.models.base import GNNModel
+from qtrain.ops import dispatch
+from qtrain.plugin import PluginContext, activated
+from qtrain.recipe import Recipe, resolve_toml
+from qtrain.train.activations import process_peak_rss
+from qtrain.train.loop import Trainer, TrainState
+from qtrain.train.progress import Reporter, RunStart
+from qtrain.train.rundir import RunDir, create_run_dir
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """Peak memory in bytes and where the number comes from."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
+    return process_peak_rss(), "ru_maxrss (peak resident set size of the whole process)"
+
+
+def _attach_run_dir(exc: BaseException, path: Any) -> None:
+    """Let the CLI say where the partial results are (it reads ``exc.run_dir``)."""
+    with contextlib.suppress(AttributeError, TypeError):  # exceptions with __slots__
+        exc.run_dir = str(path)  # type: ignore[attr-defined]
+
+
+TrainerFactory = Callable[..., Trainer]
+
+
+def train_prepared(
+    recipe: Recipe,
+    dataset: Any,
+    graph: Any,
+    model: GNNModel,
+    device: torch.device,
+    reporter: Reporter,
+    *,
+    run: RunDir | None = None,
+    make_trainer: TrainerFactory = Trainer,
+) -> dict[str, Any]:
+    """Train with the recipe's plugins active, writing ``run`` (a new run directory by default).
+
+    ``make_trainer(model, graph, metric=, config=, device=, run=, reporter=)``
+    builds the trainer (a distributed worker passes its own).
+    """
+    run = run if run is not None else RunDir(create_run_dir(recipe.output.dir, recipe.name))
+    run.write_recipe(resolve_toml(recipe))  # first: a run directory always says what it ran
+    summary: dict[str, Any] = {
+        "status": "running",
+        "recipe": recipe.name,
+        "model": recipe.model.name,
+        "dataset": recipe.dataset.name,
+        "mode": recipe.train.mode,
+        "seed": recipe.train.seed,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "metric": dataset.metric,
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "num_nodes": int(graph.num_nodes()),
+        "num_edges": int(graph.num_edges()),  # as trained on: after prepare_graph (self-loops)
+        "dataset_info": dataset.info or {},
+        "run_dir": str(run.path),
+        "plugins": list(recipe.quant.plugins),
+        "plugin_reports": {},
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    run.write_summary(summary)
+    state = TrainState()
+    session: Any = None
+    trainer: Trainer | None = None
+    dispatch.reset()  # the run's `kernels` table counts this run's calls only
+    wall_start = time.perf_counter()
+    try:
+        context = PluginContext(
+            seed=recipe.train.seed,
+            device=device,
+            model=model,
+            dataset=dataclasses.replace(dataset, graph=graph),
+        )
+        session = activated(recipe.quant, context)
+        with session:
+            summary["plugins"] = list(session.names)
+            trainer = make_trainer(
+                model,
+                graph,
+                metric=dataset.metric,
+                config=recipe.train,
+                device=device,
+                run=run,
+                reporter=reporter,
+            )
+            reporter.start(
+                RunStart(
+                    name=recipe.name,
+                    model=recipe.model.name,
+                    dataset=recipe.dataset.name,
+                    epochs=recipe.train.epochs,
+                    mode=recipe.train.mode,
+                    run_dir=str(run.path),
+                    metric=dataset.metric,
+                    plugins=tuple(session.names),
+                )
+            )
+            trainer.run(state)
+        summary["status"] = "completed"
+    except KeyboardInterrupt as exc:
+        summary["status"] = "interrupted"
+        _attach_run_dir(exc, run.path)
+        raise
+    except BaseException as exc:
+        summary["status"] = "failed"
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        _attach_run_dir(exc, run.path)
+        raise
+    finally:
+        summary.update(state.summary())
+        summary["wall_time_s"] = time.perf_counter() - wall_start
+        summary.update(
+            trainer.meter.summary()
+            if trainer is not None
+            else {"activation_bytes": None, "peak_memory_bytes": None, "peak_memory_source": None}
+        )
+        summary["process_peak_memory_bytes"], _ = peak_memory(device)
+        summary["kernels"] = dispatch.snapshot()
+        report = getattr(trainer, "report", None)
+        if callable(report):
+            try:
+                summary["distributed"] = report()
+            except Exception as exc:  # a report must not hide the run's own outcome
+                summary["distributed"] = {"error": f"{type(exc).__name__}: {exc}"}
+        summary["kernel_fallbacks"] = dispatch.fallbacks()
+        if session is not None:
+            try:
+                summary["plugin_reports"] = session.report()
+            except Exception as exc:  # a report must not hide the run's own outcome
+                summary["plugin_reports"] = {"error": f"{type(exc).__name__}: {exc}"}
+        summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        if recipe.output.checkpoint and state.best_state is not None:
+            run.write_checkpoint(
+                {
+                    "model_state": state.best_state,
+                    "epoch": state.best_epoch,
+                    "metric": dataset.metric,
+                    "val_acc": state.best_val,
+                    "test_acc": state.best_test,
+                    "model": recipe.model.name,
+                    "recipe": resolve_toml(recipe),
+                }
+            )
+            summary["checkpoint"] = str(run.path / "checkpoint.pt")
+        run.write_summary(summary)
+        run.close()
+        reporter.finish(summary)
+    return summary
