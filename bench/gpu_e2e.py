@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from qtrain.plugins.tango.functions import QuantSpMM, quant_linear
+from qtrain.plugins.tango.policy import QuantPolicy
 
 from qtrain.ops.dispatch import COUNTER
-from qtrain.ops.functions import QuantSpMM, quant_linear
 from qtrain.ops.graph import GraphCSR, build_csr
-from qtrain.ops.policy import QuantPolicy
 
 
 def power_law_graph(

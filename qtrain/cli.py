@@ -41,6 +41,22 @@ DEFAULT_RECIPE = Path("qtrain.toml")
 
 T = TypeVar("T")
 
+# the options every recipe command takes, declared once
+RecipeArg = Annotated[
+    Path | None,
+    typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable)."),
+]
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print the result as one JSON object on the last line.")
+]
+DebugFlag = Annotated[
+    bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
+]
+
 
 class _State:
     debug = os.environ.get("QTRAIN_DEBUG", "") not in ("", "0")
@@ -79,9 +95,7 @@ def guarded(action: Callable[[], T], debug: bool = False) -> T:
 
 @app.callback()
 def _main(
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
-    ] = False,
+    debug: DebugFlag = False,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     if version:
@@ -91,6 +105,18 @@ def _main(
         _State.debug = True
 
 
+def _load_recipe(recipe: Path | None, overrides: list[str] | None, command: str) -> Any:
+    """The recipe a command names (./qtrain.toml when it names none), with ``--set``."""
+    from qtrain.recipe import load_recipe
+
+    if recipe is None and not DEFAULT_RECIPE.exists():
+        raise QtrainError(
+            "no recipe given and ./qtrain.toml does not exist; "
+            f"run `qtrain {command} path/to/recipe.toml` (see examples/)"
+        )
+    return load_recipe(recipe if recipe is not None else DEFAULT_RECIPE, overrides or [])
+
+
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, default=str) + "\n")
     sys.stdout.flush()
@@ -98,37 +124,18 @@ def _print_json(obj: Any) -> None:
 
 @app.command()
 def run(
-    recipe: Annotated[
-        Path | None,
-        typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
-    ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable)."
-        ),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print the summary as JSON on the last line.")
-    ] = False,
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
-    ] = False,
+    recipe: RecipeArg = None,
+    set_: SetOption = None,
+    as_json: JsonFlag = False,
+    debug: DebugFlag = False,
 ) -> None:
     """Train the model a recipe names, with the plugins it names."""
 
     def action() -> dict[str, Any]:
         from qtrain._io import stdout_to_stderr
-        from qtrain.recipe import load_recipe
         from qtrain.train.runner import execute
 
-        path = recipe if recipe is not None else DEFAULT_RECIPE
-        if recipe is None and not path.exists():
-            raise QtrainError(
-                "no recipe given and ./qtrain.toml does not exist; "
-                "run `qtrain run path/to/recipe.toml` (see examples/)"
-            )
-        loaded = load_recipe(path, set_ or [])
+        loaded = _load_recipe(recipe, set_, "run")
         with stdout_to_stderr():
             return execute(loaded)
 
@@ -150,10 +157,7 @@ def run(
 
 @app.command()
 def profile(
-    recipe: Annotated[
-        Path | None,
-        typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
-    ] = None,
+    recipe: RecipeArg = None,
     epochs: Annotated[
         int, typer.Option("--epochs", help="Epochs profiled, after the warm-up.")
     ] = 3,
@@ -175,32 +179,18 @@ def profile(
             "--trace", help="Write a Chrome trace (torch.profiler) of the profiled epochs here."
         ),
     ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a recipe key, e.g. --set train.seed=1 (repeatable)."),
-    ] = None,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json", help="Print one JSON object (primitives, epoch_ms) on the last line."
-        ),
-    ] = False,
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
-    ] = False,
+    set_: SetOption = None,
+    as_json: JsonFlag = False,
+    debug: DebugFlag = False,
 ) -> None:
     """Show where an epoch's time goes, primitive by primitive (torch.profiler)."""
 
     def action() -> Any:
         from qtrain._io import stdout_to_stderr
         from qtrain.profiling import check_options, profile_run
-        from qtrain.recipe import load_recipe
 
         check_options(epochs, warmup, compare)
-        path = recipe if recipe is not None else DEFAULT_RECIPE
-        if recipe is None and not path.exists():
-            raise QtrainError("no recipe given and ./qtrain.toml does not exist")
-        loaded = load_recipe(path, set_ or [])
+        loaded = _load_recipe(recipe, set_, "profile")
         with stdout_to_stderr():
             return profile_run(loaded, epochs=epochs, warmup=warmup, compare=compare, trace=trace)
 
@@ -224,42 +214,29 @@ def profile(
 
 @app.command()
 def calibrate(
-    recipe: Annotated[
-        Path | None,
-        typer.Argument(help="Recipe file (default: ./qtrain.toml).", show_default=False),
-    ] = None,
+    recipe: RecipeArg = None,
     target: Annotated[
         float | None,
         typer.Option(
             "--target",
-            help="Error_X target (default: [quant.tango] error_x_target, else 0.3).",
+            help="Error_X target (default: the calibrating plugin's own, e.g. tango's error_x_target).",
             show_default=False,
         ),
     ] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a recipe key, e.g. --set train.seed=1 (repeatable)."),
-    ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print {bits, error_x, target} as JSON on the last line.")
-    ] = False,
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks instead of one-line errors.")
-    ] = False,
+    set_: SetOption = None,
+    as_json: JsonFlag = False,
+    debug: DebugFlag = False,
 ) -> None:
-    """Pick tango's bit count: Error_X of the first GNN layer's output at 2..8 bits."""
+    """Pick a bit count before training: the recipe's calibrating plugin (tango: Error_X of
+    the first GNN layer's output at 2..8 bits) measures each candidate."""
 
     def action() -> Any:
         from qtrain._io import stdout_to_stderr
-        from qtrain.recipe import load_recipe
         from qtrain.train.runner import calibrate_recipe
 
         if target is not None and not target > 0:
             raise QtrainError(f"--target must be a number > 0, got {target}")
-        path = recipe if recipe is not None else DEFAULT_RECIPE
-        if recipe is None and not path.exists():
-            raise QtrainError("no recipe given and ./qtrain.toml does not exist")
-        loaded = load_recipe(path, set_ or [])
+        loaded = _load_recipe(recipe, set_, "calibrate")
         with stdout_to_stderr():
             return calibrate_recipe(loaded, target)
 
@@ -340,9 +317,6 @@ def _listing(kind: str, entries: list[Any], as_json: bool) -> None:
     out.print(table)
 
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the listing as JSON.")]
-
-
 @app.command()
 def datasets(as_json: JsonFlag = False) -> None:
     """List the registered datasets and their options."""
@@ -414,7 +388,7 @@ def _doctor_report() -> dict[str, Any]:
 
 @app.command()
 def doctor(
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    as_json: JsonFlag = False,
 ) -> None:
     """Report versions, DGL adaptations, the compiled extension and devices."""
     report = guarded(_doctor_report)

@@ -30,7 +30,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from qtrain._compat import import_dgl
-from qtrain.errors import PluginError
+from qtrain.errors import PluginError, RecipeError, one_of
 from qtrain.registry import Registry
 
 # Where DGL binds each primitive at import; the patcher starts from the object
@@ -226,8 +226,32 @@ class Patcher:
                 )
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What a plugin's calibration measured (``qtrain calibrate``, ``bits = "auto"``): an
+    error per candidate bit count (Error_X, tango-sc23 eq. 4) and the count chosen."""
+
+    bits: int
+    error_x: dict[int, float]
+    target: float
+    met: bool  # False when even 8 bits is above the target (8 is then used)
+    layer: str = "layers.0"
+    shape: tuple[int, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bits": self.bits,
+            "error_x": {str(b): e for b, e in sorted(self.error_x.items())},
+            "target": self.target,
+            "target_met": self.met,
+            "layer": self.layer,
+            "shape": list(self.shape),
+        }
+
+
 class Plugin:
-    """Base class of every plugin: typed config, activate, deactivate, report."""
+    """Base class of every plugin: typed config, activate, deactivate, report, and
+    optionally calibrate (the bit count ``qtrain calibrate`` picks)."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -247,6 +271,26 @@ class Plugin:
     def report(self) -> dict[str, Any]:
         """What this plugin measured, for the run summary."""
         return {}
+
+    @classmethod
+    def calibrate(
+        cls,
+        config: Any,
+        model: Any,
+        graph: Any,
+        *,
+        seed: int,
+        device: torch.device,
+        target: float | None = None,
+    ) -> Calibration:
+        """Choose this plugin's bit count on ``model`` over ``graph`` before training
+        (``qtrain calibrate``); ``target`` overrides the config's. Optional."""
+        raise NotImplementedError(f"plugin {cls.name!r} does not calibrate")
+
+    @classmethod
+    def calibrates(cls) -> bool:
+        """Whether this plugin implements :meth:`calibrate`."""
+        return cls.calibrate.__func__ is not Plugin.calibrate.__func__  # type: ignore[attr-defined]
 
 
 discovery_errors: list[str] = []
@@ -322,6 +366,28 @@ class PatchSession:
 
     def __exit__(self, *exc: object) -> None:
         self.deactivate()
+
+
+def calibrator(quant: Any) -> tuple[type[Plugin], Any]:
+    """The plugin ``qtrain calibrate`` asks, with its config: the one plugin of the
+    recipe's ``[quant]`` that calibrates, else the one registered plugin that does,
+    with its defaults."""
+    listed = [name for name in quant.plugins if PLUGINS.get(name).factory.calibrates()]
+    if len(listed) > 1:
+        raise RecipeError(
+            f"quant.plugin lists several plugins that calibrate ({', '.join(listed)}); "
+            "qtrain calibrate picks one bit count: keep one of them"
+        )
+    if listed:
+        return PLUGINS.get(listed[0]).factory, quant.configs[listed[0]]
+    able = [name for name in PLUGINS.names() if PLUGINS.get(name).factory.calibrates()]
+    if len(able) != 1:
+        raise RecipeError(
+            "qtrain calibrate needs one plugin that calibrates in quant.plugin; "
+            f"registered ones that do: {one_of(able)}"
+        )
+    entry = PLUGINS.get(able[0])
+    return entry.factory, entry.parse({}, f"quant.{able[0]}")
 
 
 def activated(quant: Any, context: PluginContext | None = None) -> PatchSession:

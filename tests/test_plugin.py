@@ -240,3 +240,33 @@ def test_activation_failure_rolls_back(scale_plugin: Any) -> None:
 def test_context_defaults() -> None:
     ctx = PluginContext()
     assert ctx.seed == 0 and ctx.device == torch.device("cpu")
+
+
+def test_calibrate_asks_the_recipes_calibrating_plugin() -> None:
+    """``qtrain calibrate`` reaches tango through the plugin hook, with the recipe's config."""
+    from qtrain.plugin import PLUGINS, calibrator
+    from qtrain.recipe import parse_quant
+
+    quant = parse_quant(
+        {"plugin": ["trace", "tango"], "tango": {"bits": 4, "error_x_target": 0.125}}
+    )
+    plugin, config = calibrator(quant)
+    assert plugin is PLUGINS.get("tango").factory and config.error_x_target == 0.125
+
+
+def test_calibrate_without_a_calibrating_plugin_uses_the_registered_one() -> None:
+    from qtrain.plugin import PLUGINS, calibrator
+    from qtrain.recipe import parse_quant
+
+    plugin, config = calibrator(parse_quant({"plugin": ["trace"]}))
+    assert plugin is PLUGINS.get("tango").factory
+    assert config == PLUGINS.get("tango").parse({}, "quant.tango")
+
+
+def test_a_plugin_that_does_not_calibrate_says_so() -> None:
+    from qtrain.plugin import PLUGINS
+
+    trace = PLUGINS.get("trace").factory
+    assert not trace.calibrates() and PLUGINS.get("tango").factory.calibrates()
+    with pytest.raises(NotImplementedError, match="'trace' does not calibrate"):
+        trace.calibrate(None, None, None, seed=0, device=torch.device("cpu"))

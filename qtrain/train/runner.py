@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qtrain.calibrate import DEFAULT_TARGET, Calibration, calibrate_model
+from qtrain.plugin import Calibration, calibrator
 from qtrain.recipe import Recipe
 from qtrain.train.prepare import prepared
 from qtrain.train.progress import Reporter, make_reporter
@@ -34,16 +34,11 @@ def execute(recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Any]:
 
 
 def calibrate_recipe(recipe: Recipe, target: float | None = None) -> Calibration:
-    """``qtrain calibrate``: Error_X at 2..8 bits on the first layer of ``recipe``'s first epoch.
-
-    Rounding and target come from ``[quant.tango]`` when the recipe has it;
-    ``target`` overrides the latter.
-    """
-    tango = recipe.quant.configs.get("tango")
-    rounding = getattr(tango, "rounding", "stochastic")
-    if target is None:
-        target = getattr(tango, "error_x_target", DEFAULT_TARGET)
+    """``qtrain calibrate``: the calibrating plugin of ``recipe`` (see
+    ``qtrain.plugin.calibrator``) picks its bit count on the model and graph a run of
+    ``recipe`` starts with; ``target`` overrides its config's."""
+    plugin, config = calibrator(recipe.quant)
     with prepared(recipe) as (_dataset, graph, model, device):
-        return calibrate_model(
-            model, graph, target=target, rounding=rounding, seed=recipe.train.seed, device=device
+        return plugin.calibrate(
+            config, model, graph, seed=recipe.train.seed, device=device, target=target
         )

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-
-from qtrain.ops import masks
-from qtrain.ops.compressed import (
+from qtrain.plugins.exact.compressed import (
     BLOCK,
     CompressedMask,
     CompressedTensor,
     CompressingCodec,
     SharedConstant,
 )
+
+from qtrain.ops import masks
 from qtrain.train.activations import ActivationMeter, installed_codec
 
 # ------------------------------------------------------------------ masks

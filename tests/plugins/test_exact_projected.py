@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from qtrain.plugins.exact.compressed import CompressingCodec
+from qtrain.plugins.exact.projected import projected_product
 
-from qtrain.ops.compressed import CompressingCodec
-from qtrain.ops.projected import projected_product
 from qtrain.train.activations import ActivationMeter, installed_codec
 
 

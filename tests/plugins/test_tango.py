@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 import torch
+from qtrain.plugins.tango.cache import QuantCache
+from qtrain.plugins.tango.functions import quant_linear
+from qtrain.plugins.tango.policy import QuantPolicy
 
 import qtrain
 from qtrain._compat import import_dgl
 from qtrain.ops import dispatch
-from qtrain.ops.functions import quant_linear
 from qtrain.ops.graph import build_csr, graph_csr
-from qtrain.ops.policy import QuantPolicy
 from qtrain.plugin import PRIMITIVES, Patcher
-from qtrain.quant.cache import QuantCache
 
 dgl = import_dgl()
 from dgl.nn import GATConv, GCN2Conv, GraphConv, SAGEConv  # noqa: E402

@@ -11,7 +11,7 @@ cover (max/min reducers, broadcasting shapes, heterogeneous graphs): those run
 DGL's own kernel and are counted as ``fp32`` in the run's ``kernels`` table,
 so nothing falls back unseen.
 
-``bits = "auto"`` runs ``qtrain.calibrate`` on the model before the patches go
+``bits = "auto"`` runs ``qtrain.plugins.tango.calibrate`` on the model before the patches go
 in and trains with the chosen count.
 """
 
@@ -23,21 +23,23 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-
-from qtrain.calibrate import DEFAULT_TARGET, Calibration, calibrate_model
-from qtrain.config import option
-from qtrain.errors import PluginError
-from qtrain.ops import dispatch
-from qtrain.ops.functions import (
+from qtrain.plugins.tango.cache import QuantCache
+from qtrain.plugins.tango.calibrate import DEFAULT_TARGET, calibrate_model
+from qtrain.plugins.tango.functions import (
     QuantEdgeToNode,
     QuantSDDMM,
     QuantSpMM,
     inside_kernel,
     quant_linear,
 )
+from qtrain.plugins.tango.policy import QuantPolicy
+
+from qtrain.config import option
+from qtrain.errors import PluginError
+from qtrain.ops import dispatch
 from qtrain.ops.graph import graph_csr
-from qtrain.ops.policy import QuantPolicy
 from qtrain.plugin import (
+    Calibration,
     Patcher,
     Plugin,
     PluginContext,
@@ -45,7 +47,6 @@ from qtrain.plugin import (
     float32_on,
     register_plugin,
 )
-from qtrain.quant.cache import QuantCache
 
 FP32 = "fp32"
 _DEVICES = ("cpu",)  # devices with a compiled or reference path wired here
@@ -148,13 +149,30 @@ class TangoPlugin(Plugin):
                 'tango: bits = "auto" needs the model and dataset (qtrain run provides them); '
                 "pass an integer bit count to qtrain.patch"
             )
+        return self.calibrate(
+            self.config, model, dataset.graph, seed=self.context.seed, device=self.context.device
+        )
+
+    @classmethod
+    def calibrate(
+        cls,
+        config: TangoConfig,
+        model: Any,
+        graph: Any,
+        *,
+        seed: int,
+        device: torch.device,
+        target: float | None = None,
+    ) -> Calibration:
+        """Error_X of the first GNN layer's output at 2..8 bits; the smallest count at or
+        under the target (tango-sc23 eq. 4)."""
         return calibrate_model(
             model,
-            dataset.graph,
-            target=self.config.error_x_target,
-            rounding=self.config.rounding,
-            seed=self.context.seed,
-            device=self.context.device,
+            graph,
+            target=config.error_x_target if target is None else target,
+            rounding=config.rounding,
+            seed=seed,
+            device=device,
         )
 
     def _hook_output_layer(self) -> None:

@@ -209,7 +209,7 @@ class CompressingCodec:
             flat = flat[:n]
         return flat.reshape(stored.shape).to(stored.dtype)
 
-    # -- the projected product (qtrain.ops.projected) --------------------------
+    # -- the projected product (qtrain.plugins.exact.projected) --------------------------
 
     def encode_projected(self, x: torch.Tensor) -> CompressedTensor | None:
         """``x`` [rows, width] stored projected (as :meth:`encode` would store it), or None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,31 +22,10 @@ import torch
 from qtrain.data.base import FEAT
 from qtrain.errors import QtrainError
 from qtrain.ops.quantize import quantize
+from qtrain.plugin import Calibration
 from qtrain.quant.quantize import MAX_BITS, MIN_BITS, dequantize, error_x
 
 DEFAULT_TARGET = 0.3
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The outcome: Error_X per bit count and the count chosen."""
-
-    bits: int
-    error_x: dict[int, float]
-    target: float
-    met: bool  # False when even 8 bits is above the target (8 is then used)
-    layer: str = "layers.0"
-    shape: tuple[int, ...] = field(default=())
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "bits": self.bits,
-            "error_x": {str(b): e for b, e in sorted(self.error_x.items())},
-            "target": self.target,
-            "target_met": self.met,
-            "layer": self.layer,
-            "shape": list(self.shape),
-        }
 
 
 def error_x_by_bits(

@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from qtrain.ops.compressed import CompressedTensor, CompressingCodec
+from qtrain.plugins.exact.compressed import CompressedTensor, CompressingCodec
 
 
 class ProjectedProduct(torch.autograd.Function):

@@ -3,7 +3,7 @@
 Every floating-point activation an unmodified DGL model saves is kept as
 per-row ``bits``-bit integers with a bfloat16 zero point and range, stochastic
 rounding and dense bit packing, optionally after a normalized Rademacher
-projection to ``width / rp_ratio`` columns (``qtrain.ops.compressed``).
+projection to ``width / rp_ratio`` columns (``qtrain.plugins.exact.compressed``).
 ReLU, LeakyReLU and dropout are routed to versions that save a boolean mask,
 stored at exactly 1 bit per element (``qtrain.ops.masks``); losses and
 softmaxes save FP32 (their backward exponentiates what they save). BatchNorm inputs
@@ -12,7 +12,7 @@ never compressed (the activation meter passes them by reference; in a
 user's own loop under ``qtrain.patch``, leaves that require grad and views of
 them are passed). With a projection, dense products by a parameter
 (``nn.Linear``, ``matmul``, ``addmm``) take their weight gradient from the
-projected rows instead of projecting them back (``qtrain.ops.projected``),
+projected rows instead of projecting them back (``qtrain.plugins.exact.projected``),
 unless tango, which quantizes those products itself, is active.
 
 Inside ``qtrain run`` it works through the trainer's saved-tensor hooks (the
@@ -29,12 +29,12 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from qtrain.plugins.exact.compressed import CompressingCodec
+from qtrain.plugins.exact.projected import projected_product
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from qtrain.config import option
 from qtrain.ops import masks
-from qtrain.ops.compressed import CompressingCodec
-from qtrain.ops.projected import projected_product
 from qtrain.plugin import Patcher, Plugin, PluginContext, dense_operands, register_plugin
 from qtrain.train.activations import installed_codec, storage_key
 
@@ -162,7 +162,7 @@ class ExactPlugin(Plugin):
             "saved_tensors": dict(codec.stats),
             "masked_calls": dict(self.masked_calls),
             "fp32_calls": dict(self.fp32_calls),  # losses and softmaxes, saved uncompressed
-            # weight gradients taken from the projected rows (qtrain.ops.projected)
+            # weight gradients taken from the projected rows (qtrain.plugins.exact.projected)
             "projected_products": self.projected_products,
             "compressed_bytes_in": codec.original_bytes,
             "compressed_bytes_out": codec.stored_bytes,

@@ -20,10 +20,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from qtrain.plugins.tango.policy import QuantPolicy
 
 from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import GraphCSR
-from qtrain.ops.policy import QuantPolicy
 from qtrain.ops.sparse import qsddmm, qspmm
 from qtrain.quant.quantize import dequantize
 
