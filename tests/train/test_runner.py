@@ -301,7 +301,7 @@ def test_reporters_write_to_their_stream_only(
 
 
 def test_example_recipes_are_valid() -> None:
-    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
     names = {p.stem for p in examples}
     assert {
         "cora-gcn",

@@ -131,7 +131,7 @@ def test_no_version_check_on_import() -> None:
         "import_ogb_dataset()\n"
         "print('ogb' in sys.modules, repr(sys.modules.get('outdated', 'absent')))\n"
     )
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
     )

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from planetoid_files import PARTS, tiny_objects, write_planetoid
 
 from tests.conftest import PLANETOID_DATA
-from tests.test_data_planetoid import PARTS, tiny_objects, write_planetoid
 
 # Loads every case it reads from standard input, one JSON object per line; prints
 # "start" before a load so that a crash names the case it died in.
