@@ -25,7 +25,7 @@ $(DEPS): requirements.lock | $(BIN)/python
 # C++ exception fails here, with the compilers named, instead of reaching a user)
 $(BUILT): $(DEPS) $(EXT_SOURCES)
 	$(BIN)/python -m pip install --quiet --no-build-isolation --no-deps -e .
-	$(BIN)/python -m qtrain.backends
+	$(BIN)/python -m qtrain.ops
 	@touch $@
 
 run: $(BUILT)

@@ -53,8 +53,7 @@ from typing import Any
 import torch
 from _record import git_commit, write_json
 
-from qtrain import backends
-from qtrain.ops import compress, dispatch
+from qtrain.ops import backends, compress, dispatch
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import Recipe, load_recipe
 from qtrain.train.loop import Trainer

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from qtrain import backends
-from qtrain.ops import quantize
+from qtrain.ops import backends, quantize
 from qtrain.ops.gemm import int8_gemm
 
 Fn = Callable[[], object]

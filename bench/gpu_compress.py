@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from _gpu import copy_bandwidth_gbps, median_ms, row
 
-from qtrain import backends
+from qtrain.ops import backends
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
 

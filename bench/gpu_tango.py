@@ -302,7 +302,7 @@ def bench_sparse(ext: Any, quick: bool, bw: float, repeats: int) -> list[Record]
 
 def run(quick: bool) -> list[dict]:
     """Verify every kernel on a small case, then time them; one record per (kernel, baseline)."""
-    from qtrain import backends
+    from qtrain.ops import backends
 
     if not torch.cuda.is_available():
         raise RuntimeError("gpu_tango: no CUDA device")

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from qtrain import backends
 from qtrain._compat import import_dgl
 from qtrain.data import load_dataset
+from qtrain.ops import backends
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import qsddmm, qspmm
 

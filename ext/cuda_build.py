@@ -13,8 +13,8 @@ every kernel, and the extension imports and raises without a device. Steps:
 2. ``QTRAIN_BUILD_CUDA=1 python setup.py build_ext --inplace`` there;
 3. in a child process: import ``qtrain._ext``, check that every op of
    ``torch.ops.qtrain`` has its front, a CPU kernel, a CUDA kernel and a fake kernel
-   (``qtrain.backends.library_problems``), and make the CPU and the CUDA code raise
-   ValueError (``qtrain.backends.check_error_path``).
+   (``qtrain.ops.backends.library_problems``), and make the CPU and the CUDA code raise
+   ValueError (``qtrain.ops.backends.check_error_path``).
 
 If step 3 finds a build that crashes when an op raises (an extension built
 with another compiler than torch's did so on every C++ exception on an H100
@@ -43,7 +43,7 @@ SYSTEM_CXX = ("/usr/bin/gcc", "/usr/bin/g++")
 # runs inside the built tree: what was built, and whether an op that must raise does
 CHECK = """
 import json
-from qtrain import backends
+from qtrain.ops import backends
 report = {}
 for name in backends.BACKENDS:
     error = backends.error(name)

@@ -116,7 +116,7 @@ def check(entry: Supported) -> tuple[str, bool]:
         tail = (built.stdout + built.stderr).strip().splitlines()[-5:]
         return f"torch {found}: build FAILED: {' | '.join(tail)}", False
     seconds = time.perf_counter() - start
-    probe = run(python, tree, "-m", "qtrain.backends")
+    probe = run(python, tree, "-m", "qtrain.ops.backends")
     if probe.returncode != 0:
         return f"torch {found}: built, but {probe.stdout.strip()}", False
     tests = run(python, tree, "-m", "pytest", "-q", "-p", "no:cacheprovider", *entry.tests)

@@ -133,7 +133,7 @@ def run(
 
     def action() -> dict[str, Any]:
         from qtrain._io import stdout_to_stderr
-        from qtrain.train.runner import execute
+        from qtrain.runner import execute
 
         loaded = _load_recipe(recipe, set_, "run")
         with stdout_to_stderr():
@@ -232,7 +232,7 @@ def calibrate(
 
     def action() -> Any:
         from qtrain._io import stdout_to_stderr
-        from qtrain.train.runner import calibrate_recipe
+        from qtrain.runner import calibrate_recipe
 
         if target is not None and not target > 0:
             raise QtrainError(f"--target must be a number > 0, got {target}")
@@ -348,9 +348,9 @@ def _doctor_report() -> dict[str, Any]:
     import torch
 
     from qtrain import _compat
-    from qtrain.backends import check_error_path, library_problems, op_kernels
-    from qtrain.backends import status as backend_status
     from qtrain.data.base import data_dir
+    from qtrain.ops.backends import check_error_path, library_problems, op_kernels
+    from qtrain.ops.backends import status as backend_status
 
     report: dict[str, Any] = {
         "qtrain": __version__,

@@ -14,7 +14,7 @@ import torch
 
 def require_ext() -> ModuleType:
     """qtrain._ext, the op library's module; a missing build fails the test (CI builds it)."""
-    from qtrain import backends
+    from qtrain.ops import backends
 
     assert backends.available("ext-cpu"), backends.error("ext-cpu")
     return backends.ext_cpu()
@@ -81,8 +81,8 @@ class ExampleRuns:
 
     def summaries(self, example: str, overrides: list[str]) -> list[dict[str, Any]]:
         from qtrain.recipe import load_recipe
+        from qtrain.runner import execute
         from qtrain.train.progress import Reporter
-        from qtrain.train.runner import execute
 
         key = (example, tuple(overrides))
         if key not in self._done:

@@ -12,8 +12,8 @@ from types import ModuleType
 import pytest
 from typer.testing import CliRunner
 
-from qtrain import backends
 from qtrain.cli import app
+from qtrain.ops import backends
 
 ROOT = Path(__file__).resolve().parents[1]
 

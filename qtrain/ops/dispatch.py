@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterator
 
 import torch
 
-from qtrain import backends
+from qtrain.ops import backends
 
 BACKENDS = ("auto", "reference", "ext-cpu", "ext-cuda")
 _DEVICE_BACKEND = {"cpu": "ext-cpu", "cuda": "ext-cuda"}

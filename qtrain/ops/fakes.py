@@ -4,7 +4,7 @@
 tensors without data; for the ops of ``torch.ops.qtrain`` they call these
 functions, which work on symbolic sizes too. The argument checks are not here:
 each op's C++ front (``ext/ops/<op>.cpp``) makes them once for every device.
-Registered by :func:`register` when ``qtrain.backends`` imports the library.
+Registered by :func:`register` when ``qtrain.ops.backends`` imports the library.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 
-from qtrain import backends
+from qtrain.ops import backends
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
@@ -106,7 +106,7 @@ class ErrorCase:
 _CHILD = """
 import json, re, sys
 import torch
-from qtrain import backends
+from qtrain.ops import backends
 backend = "ext-cuda" if torch.device(sys.argv[1]).type == "cuda" else "ext-cpu"
 assert backends.available(backend), backends.error(backend)
 dev = torch.device(sys.argv[1])

@@ -17,8 +17,7 @@ import pytest
 import torch
 from conftest import float_bits, varied_rows
 
-from qtrain import backends
-from qtrain.ops import compress, dispatch
+from qtrain.ops import backends, compress, dispatch
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
 

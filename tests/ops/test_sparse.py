@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from qtrain import backends
-from qtrain.ops import dispatch
+from qtrain.ops import backends, dispatch
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import (
     SDDMM_OPS,

@@ -252,8 +252,8 @@ plugin = {plugins}
 
 def _run(path: Path) -> dict[str, Any]:
     from qtrain.recipe import load_recipe
+    from qtrain.runner import execute
     from qtrain.train.progress import Reporter
-    from qtrain.train.runner import execute
 
     return execute(load_recipe(path, []), reporter=Reporter())
 

@@ -343,8 +343,8 @@ plugin = ["tango"]
 
 def _run(path: Path, *overrides: str) -> dict[str, Any]:
     from qtrain.recipe import load_recipe
+    from qtrain.runner import execute
     from qtrain.train.progress import Reporter
-    from qtrain.train.runner import execute
 
     return execute(load_recipe(path, list(overrides)), reporter=Reporter())
 

@@ -286,7 +286,9 @@ def _crash_cause(backend: str) -> str:
 def _carries_own_cxx_runtime(path: str) -> bool:
     """:func:`cxx_runtime_owner` is ``path`` itself, asked in a child process: loading such
     a library beside torch's runtime can abort the process that loads it."""
-    code = "import sys; from qtrain.backends import cxx_runtime_owner as o; print(o(sys.argv[1]))"
+    code = (
+        "import sys; from qtrain.ops.backends import cxx_runtime_owner as o; print(o(sys.argv[1]))"
+    )
     try:
         done = subprocess.run(
             [sys.executable, "-c", code, path],
@@ -369,7 +371,7 @@ def runtime_libraries() -> list[str]:
 
 
 def main() -> int:
-    """``python -m qtrain.backends`` (run by ``make build``): every built backend raises
+    """``python -m qtrain.ops`` (run by ``make build``): every built backend raises
     properly when an op is given a bad argument; status 1 naming the cause otherwise."""
     failed = False
     for backend in BACKENDS:
@@ -379,7 +381,3 @@ def main() -> int:
         failed |= problem is not None
         print(f"{MODULE} ({backend}): {problem or 'built, and an op that must raise does raise'}")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

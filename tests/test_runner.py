@@ -16,10 +16,10 @@ import torch
 
 from qtrain.errors import RecipeError
 from qtrain.recipe import Recipe, build_recipe, load_recipe
+from qtrain.runner import execute
 from qtrain.train import metrics
 from qtrain.train.progress import PlainReporter, Reporter, RichReporter, RunStart, make_reporter
 from qtrain.train.rundir import read_metrics
-from qtrain.train.runner import execute
 
 SUMMARY_KEYS = {
     "test_acc",
@@ -301,7 +301,7 @@ def test_reporters_write_to_their_stream_only(
 
 
 def test_example_recipes_are_valid() -> None:
-    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.toml"))
+    examples = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.toml"))
     names = {p.stem for p in examples}
     assert {
         "cora-gcn",

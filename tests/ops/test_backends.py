@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qtrain import backends
 from qtrain.errors import QtrainError
-from qtrain.ops import dispatch
+from qtrain.ops import backends, dispatch
 from qtrain.ops.quantize import QUANTIZE_KERNELS, dequantize, quantize
 from qtrain.quant import quantize_symmetric
 
