@@ -129,3 +129,17 @@ def test_the_linter_sees_every_source_file() -> None:
         str(p.relative_to(ROOT)) for p in _modules().values() if p.resolve() not in seen
     )
     assert missing == []
+
+
+def test_no_core_module_names_a_plugin() -> None:
+    """Plugins reach the core through the registry and hooks, never the other way round
+    (qtrain.plugin discovers them by name, outside any import statement)."""
+    modules = _modules()
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for name, path in modules.items()
+        if not name.startswith("qtrain.plugins")
+        for module, _, line in _imports(path, name, modules)
+        if module.startswith("qtrain.plugins")
+    ]
+    assert wrong == []
