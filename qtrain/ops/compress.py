@@ -20,6 +20,7 @@ import torch
 from qtrain.ops import dispatch
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
+from qtrain.quant.quantize import stochastic
 from qtrain.quant.rng import op_seed
 
 # compiled backends implementing each primitive
@@ -38,14 +39,11 @@ def quantize_rows(
 
     Returns ``(packed uint8 [ceil(rows*width*bits/8)], zero bf16 [rows], range bf16 [rows])``.
     """
-    rounding = ref.check_rounding(rounding)
     chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("compress", chosen):
         if chosen == "reference":
             return ref.quantize_rows(x, bits, rounding, seed, offset)
-        return torch.ops.qtrain.quantize_rows(
-            x, bits, rounding == "stochastic", op_seed(seed), offset
-        )
+        return torch.ops.qtrain.quantize_rows(x, bits, stochastic(rounding), op_seed(seed), offset)
 
 
 def dequantize_rows(
@@ -77,7 +75,6 @@ def project_quantize_rows(
     """:func:`quantize_rows` of ``project_rows(x, k)``: float32 ``x [rows, d]`` to ``k``
     columns by the Rademacher matrix at ``projection_offset``, then quantized (rounding
     draws at ``offset``)."""
-    rounding = ref.check_rounding(rounding)
     chosen = dispatch.resolve("project+compress", x, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("project+compress", chosen):
         if chosen == "reference":
@@ -85,7 +82,7 @@ def project_quantize_rows(
             y = projection.project_rows(x, k, seed, projection_offset)
             return ref.quantize_rows(y, bits, rounding, seed, offset)
         return torch.ops.qtrain.project_quantize_rows(
-            x, k, bits, rounding == "stochastic", op_seed(seed), offset, projection_offset
+            x, k, bits, stochastic(rounding), op_seed(seed), offset, projection_offset
         )
 
 
@@ -181,14 +178,13 @@ def quantize_rows_into(
     """:func:`quantize_rows` of ``x[index]`` (all rows if None) written into the uint8
     segment ``out`` (packed values, bf16 zeros, bf16 ranges): a halo message is
     gathered, quantized and laid out in one pass, into a buffer the caller reuses."""
-    rounding = ref.check_rounding(rounding)
     chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
     with dispatch.call("compress", chosen):
         if chosen == "reference":
             ref.quantize_rows_into(x, index, bits, rounding, seed, offset, out)
         else:
             torch.ops.qtrain.quantize_rows_into(
-                x, index, bits, rounding == "stochastic", op_seed(seed), offset, out
+                x, index, bits, stochastic(rounding), op_seed(seed), offset, out
             )
 
 

@@ -30,14 +30,13 @@ def quantize(
     (the compiled kernel for x's device when built, else the reference with
     the fallback recorded), "reference", "ext-cpu" or "ext-cuda".
     """
-    rounding = ref.check_rounding(rounding)
     xf = ref.as_float32(x)
     chosen = dispatch.resolve("quantize", xf, backend, kernels=QUANTIZE_KERNELS)
     with dispatch.call("quantize", chosen):
         if chosen == "reference":
             return ref.quantize_symmetric(xf, bits, rounding, seed, offset)
         return torch.ops.qtrain.quantize_symmetric(
-            xf, bits, rounding == "stochastic", op_seed(seed), offset
+            xf, bits, ref.stochastic(rounding), op_seed(seed), offset
         )
 
 

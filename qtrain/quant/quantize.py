@@ -51,6 +51,12 @@ def check_rounding(rounding: object) -> str:
     return str(rounding)
 
 
+def stochastic(rounding: object) -> bool:
+    """The compiled ops' flag for ``rounding`` (they take a bool), checked on the way: the
+    Python front is where the name enters the op library."""
+    return check_rounding(rounding) == "stochastic"
+
+
 def qmax_for(bits: int) -> int:
     """Largest quantized magnitude for ``bits`` bits: 2^(bits-1) - 1 (symmetric, no -2^(bits-1))."""
     return (1 << (check_bits(bits) - 1)) - 1

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import torch
 
+from qtrain.quant.quantize import check_rounding
 from qtrain.quant.rng import check_counter_range, counter_uniform, normalize_seed
 
 PACK_BITS = (1, 2, 4, 8)
-ROUNDINGS = ("stochastic", "nearest")
 
 
 def check_pack_bits(bits: object) -> int:
@@ -41,13 +41,6 @@ def check_pack_bits(bits: object) -> int:
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in PACK_BITS:
         raise ValueError(f"bits must be one of 1, 2, 4, 8, got {bits!r}")
     return bits
-
-
-def check_rounding(rounding: object) -> str:
-    """Return ``rounding`` if it is 'stochastic' or 'nearest', else raise ValueError naming them."""
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of 'stochastic', 'nearest', got {rounding!r}")
-    return str(rounding)
 
 
 def packed_size(n: int, bits: int) -> int:
