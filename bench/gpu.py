@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
-import importlib.util
 import os
 import platform
 import re
@@ -47,21 +46,6 @@ from _record import ROOT, git_commit, write_json
 # qtrain from this checkout: a GPU machine has it built in place, not installed, and a pip
 # install made by this process would not be importable until a new interpreter started
 sys.path.insert(0, str(ROOT))
-
-
-def plugins_from_checkout() -> None:
-    """Map ``qtrain.plugins`` to the top-level ``plugins/`` folder, as installing the
-    package does (pyproject's package-dir), when this checkout is not installed."""
-    if importlib.util.find_spec("qtrain.plugins") is not None:
-        return
-    folder = ROOT / "plugins"
-    spec = importlib.util.spec_from_file_location(
-        "qtrain.plugins", folder / "__init__.py", submodule_search_locations=[str(folder)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["qtrain.plugins"] = module
-    spec.loader.exec_module(module)
 
 
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
@@ -224,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
     from qtrain.ops import backends
+    from qtrain.plugin import import_builtin_plugins
 
     backends.refresh()
     if not backends.available("ext-cuda"):
@@ -233,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     record["ext_cuda"] = backends.status()["ext-cuda"]
-    plugins_from_checkout()  # bench/gpu_e2e trains through tango's autograd functions
+    import_builtin_plugins()  # bench/gpu_e2e trains through tango's autograd functions
     record["stages"]["check"] = check(path.with_suffix(".check.log"))
     print(f"check: {record['stages']['check']['summary']}", flush=True)
     record["bandwidth_gbps"] = copy_bandwidth_gbps()

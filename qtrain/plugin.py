@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import sys
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -296,9 +298,30 @@ class Plugin:
 discovery_errors: list[str] = []
 
 
+def import_builtin_plugins() -> None:
+    """Import ``qtrain.plugins``, the top-level ``plugins/`` folder, which installing the
+    package maps there (pyproject's package-dir); in a checkout that is not installed (a
+    GPU machine runs one as it is) the same mapping is made here."""
+    if importlib.util.find_spec("qtrain.plugins") is None:
+        folder = Path(__file__).resolve().parents[1] / "plugins"
+        spec = importlib.util.spec_from_file_location(
+            "qtrain.plugins", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        )
+        if spec is None or spec.loader is None or not (folder / "__init__.py").exists():
+            raise PluginError(f"the built-in plugins are missing: no qtrain.plugins, no {folder}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["qtrain.plugins"] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules["qtrain.plugins"]
+            raise
+    importlib.import_module("qtrain.plugins")
+
+
 def _discover() -> None:
     """Register the built-in plugins and those of installed packages."""
-    importlib.import_module("qtrain.plugins")
+    import_builtin_plugins()
     for ep in entry_points(group="qtrain.plugins"):
         if ep.name in PLUGINS._entries:
             continue

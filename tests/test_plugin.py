@@ -270,3 +270,28 @@ def test_a_plugin_that_does_not_calibrate_says_so() -> None:
     assert not trace.calibrates() and PLUGINS.get("tango").factory.calibrates()
     with pytest.raises(NotImplementedError, match="'trace' does not calibrate"):
         trace.calibrate(None, None, None, seed=0, device=torch.device("cpu"))
+
+
+def test_the_builtin_plugins_load_from_a_checkout_that_is_not_installed() -> None:
+    """A GPU machine runs the checkout as it is: without the install's mapping of
+    qtrain.plugins to plugins/, discovery makes the same mapping itself."""
+    import subprocess
+    from pathlib import Path
+
+    code = (
+        "import sys, importlib.util\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path\n"
+        "                    if '__editable__' not in getattr(f, '__module__', '')]\n"
+        "assert importlib.util.find_spec('qtrain.plugins') is None, 'still installed'\n"
+        "from qtrain.plugin import PLUGINS\n"
+        "names = sorted(PLUGINS.names())\n"
+        "import qtrain.plugins.tango.functions as f\n"
+        "print(names, f.__file__)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "'exact', 'tango', 'trace'" in done.stdout
+    assert done.stdout.strip().endswith(str(root / "plugins" / "tango" / "functions.py"))
