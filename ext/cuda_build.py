@@ -34,11 +34,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("ext-cpu", "ext-cuda")
 COPY = ROOT / "build" / "cuda-tree"
-SYSTEM_CXX = ("/usr/bin/gcc", "/usr/bin/g++")
 
 # runs inside the built tree: what was built, and whether an op that must raise does
 CHECK = """
@@ -91,15 +91,14 @@ def clean(tree: Path) -> None:
         so.unlink()
 
 
-def choose_compilers(env: dict[str, str]) -> None:
-    """setup.py's compiler choice made here, so this script reports the compiler it used."""
+def setup_module() -> ModuleType:
+    """setup.py as a module, for its compiler choice (made here too, so this script
+    reports the compiler it used) and the system compilers it falls back to."""
     spec = importlib.util.spec_from_file_location("qtrain_setup", ROOT / "setup.py")
     assert spec is not None and spec.loader is not None
     setup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup)
-    note = setup.choose_compilers(env)
-    if note:
-        log(note)
+    return setup
 
 
 def build(tree: Path, env: dict[str, str]) -> bool:
@@ -155,16 +154,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_place:
         clean(tree)
     log(f"torch {torch.__version__}, CUDA {torch.version.cuda}, in {tree}")
-    choose_compilers(env)
+    setup = setup_module()
+    note = setup.choose_compilers(env)
+    if note:
+        log(note)
     if not build(tree, env):
         return 1
     report = check(tree)
     chosen = env.get("CXX", "the default compiler")
-    if not safe(report) and all(Path(p).exists() for p in SYSTEM_CXX):
-        log(f"unsafe build with {chosen}: {json.dumps(report)}; rebuilding with {SYSTEM_CXX[1]}")
+    system = setup.SYSTEM_COMPILERS
+    if not safe(report) and all(Path(p).exists() for p in system):
+        log(f"unsafe build with {chosen}: {json.dumps(report)}; rebuilding with {system[1]}")
         clean(tree)
-        env["CC"], env["CXX"] = SYSTEM_CXX
-        chosen = SYSTEM_CXX[1]
+        env["CC"], env["CXX"] = system
+        chosen = system[1]
         if not build(tree, env):
             return 1
         report = check(tree)

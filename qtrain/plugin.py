@@ -304,11 +304,12 @@ def import_builtin_plugins() -> None:
     GPU machine runs one as it is) the same mapping is made here."""
     if importlib.util.find_spec("qtrain.plugins") is None:
         folder = Path(__file__).resolve().parents[1] / "plugins"
+        if not (folder / "__init__.py").exists():
+            raise PluginError(f"the built-in plugins are missing: no qtrain.plugins, no {folder}")
         spec = importlib.util.spec_from_file_location(
             "qtrain.plugins", folder / "__init__.py", submodule_search_locations=[str(folder)]
         )
-        if spec is None or spec.loader is None or not (folder / "__init__.py").exists():
-            raise PluginError(f"the built-in plugins are missing: no qtrain.plugins, no {folder}")
+        assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules["qtrain.plugins"] = module
         try:
