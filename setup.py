@@ -1,7 +1,8 @@
 """Build qtrain's op library against the torch found in the environment.
 
-Metadata lives in pyproject.toml; this file only declares the extension
-``qtrain._ext``: the torch custom ops ``torch.ops.qtrain.*`` (see ext/README.md).
+Metadata lives in pyproject.toml; this file declares the extension
+``qtrain._ext``: the torch custom ops ``torch.ops.qtrain.*`` (see ext/README.md),
+and puts ``qtrain_dgl_hook.pth`` in site-packages (see ``HOOK_PTH``).
 
 * Always: ``ext/module.cpp`` (pybind11: build facts, ISA choice), the op fronts
   ``ext/ops/*.cpp`` (schemas and argument checks) and the CPU kernels
@@ -33,13 +34,24 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import MutableMapping
+from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 EXT_DIR = "ext"
 SYSTEM_COMPILERS = ("/usr/bin/gcc", "/usr/bin/g++")
 CUDA_ARCHS = "8.0;9.0+PTX"  # ext/cuda_check.py compiles the same two (make cuda-check)
+
+# Installed at the root of site-packages by both a wheel and an editable install, so
+# that a plain `import dgl` gets qtrain._compat's adaptations (see qtrain_dgl_hook.py).
+# Python runs a .pth line that starts with "import" at start-up, in file-name order:
+# "qtrain..." comes after "__editable__...", whose finder an editable install needs
+# to find qtrain_dgl_hook.
+HOOK_PTH = "qtrain_dgl_hook.pth"
+HOOK_LINE = "import qtrain_dgl_hook; qtrain_dgl_hook.install()\n"
 
 try:
     import torch
@@ -232,6 +244,65 @@ def _extension() -> object:
     )
 
 
+class BuildPyWithHook(build_py):
+    """build_py that also writes HOOK_PTH at the root of build_lib (wheel = site-packages)."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:  # an editable wheel gets it from EditableWheelWithHook
+            self.mkpath(self.build_lib)
+            with open(os.path.join(self.build_lib, HOOK_PTH), "w", encoding="utf-8") as f:
+                f.write(HOOK_LINE)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = super().get_outputs(include_bytecode)
+        if not self.editable_mode:
+            outputs.append(os.path.join(self.build_lib, HOOK_PTH))
+        return outputs
+
+
+class _AddHookPth:
+    """Wraps setuptools' editable strategy: whatever it writes, plus HOOK_PTH."""
+
+    def __init__(self, strategy: object) -> None:
+        self.strategy = strategy
+
+    def __call__(self, wheel: object, files: list[str], mapping: dict[str, str]) -> None:
+        self.strategy(wheel, files, mapping)  # type: ignore[operator]
+        wheel.writestr(HOOK_PTH, HOOK_LINE.encode())  # type: ignore[attr-defined]
+
+    def __enter__(self) -> _AddHookPth:
+        self.strategy.__enter__()  # type: ignore[attr-defined]
+        return self
+
+    def __exit__(self, *exc: object) -> object:
+        return self.strategy.__exit__(*exc)  # type: ignore[attr-defined]
+
+
+class EditableWheelWithHook(editable_wheel):
+    """editable_wheel (PEP 660, ``pip install -e .``) that also puts HOOK_PTH in the wheel.
+
+    An editable wheel holds no build_lib files, only what setuptools' editable
+    strategy writes into it: its ``__editable__`` .pth and finder. setuptools has no
+    public way to add a file there, so this wraps ``_select_strategy`` (there since
+    setuptools 64, when editable wheels came; checked with 84); a setuptools without
+    it fails the install here rather than leaving the hook out (and
+    tests/test_compat.py checks that the .pth is installed).
+    """
+
+    def run(self) -> None:
+        if not callable(getattr(editable_wheel, "_select_strategy", None)):
+            raise SystemExit(
+                f"qtrain: this setuptools' editable_wheel has no _select_strategy, so an "
+                f"editable install cannot add {HOOK_PTH}; install without -e, or with a "
+                f"setuptools that has it (64 to 84 do)"
+            )
+        super().run()
+
+    def _select_strategy(self, *args: Any, **kwargs: Any) -> Any:
+        return _AddHookPth(super()._select_strategy(*args, **kwargs))
+
+
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it
     _jobs()
     switched = choose_compilers()
@@ -239,5 +310,9 @@ if __name__ == "__main__":  # setuptools runs this file as __main__; tests impor
         _log(switched)
     setup(
         ext_modules=[_extension()],
-        cmdclass={"build_ext": cpp_extension.BuildExtension},
+        cmdclass={
+            "build_ext": cpp_extension.BuildExtension,
+            "build_py": BuildPyWithHook,
+            "editable_wheel": EditableWheelWithHook,
+        },
     )

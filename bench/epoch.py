@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import platform
 import statistics
 import sys
@@ -98,6 +99,9 @@ def bench_model(
 
 
 def main(argv: list[str] | None = None) -> int:
+    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
+    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=2)

@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import gc
 import math
+import os
 import platform
 import re
 import statistics
@@ -305,6 +306,9 @@ def print_tables(results: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
+    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument(

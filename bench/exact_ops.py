@@ -17,6 +17,7 @@ allocates its output, as a training step does.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -45,6 +46,9 @@ def median_ms(fn: Callable[[], Any], repeat: int, warmup: int = 4) -> float:
 
 
 def main() -> int:
+    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
+    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=169_343)
     parser.add_argument("--width", type=int, default=256)

@@ -173,6 +173,9 @@ def _device() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
+    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--skip-build", action="store_true", help="use the built extension")

@@ -20,6 +20,7 @@ Importing this module has no side effects; ``python bench/gpu_compress.py
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -166,5 +167,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
+    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
+    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     for row in run(quick="--quick" in sys.argv[1:]):
         print(json.dumps(row))

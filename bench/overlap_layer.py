@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,9 @@ def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
+    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
+    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--workers", type=int, default=4)

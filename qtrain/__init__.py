@@ -6,15 +6,10 @@ from Python to run an unmodified DGL model under qtrain's plugins.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-# Torch's CPU allocator neither caches nor asks for huge pages by default, so every
-# large tensor (nodes x hidden) costs a page fault per 4 KiB when first written: on
-# synthetic-arxiv that was a quarter of a GCN epoch. With this set before torch
-# allocates, tensors of 2 MiB or more are 2 MiB-aligned and advised as transparent
-# huge pages. A user's own value wins; it has no effect once torch has allocated.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+# No side effects here: a user's own `import dgl` imports qtrain too (qtrain_dgl_hook).
+# The `qtrain` command sets torch's allocator up in qtrain.cli.main instead.
 
 __version__ = "0.1.0"
 
@@ -29,4 +24,12 @@ def patch(policy: Any = None, /, **options: Any) -> PatchSession:
     return _patch(policy, **options)
 
 
-__all__ = ["__version__", "patch"]
+def to_device(graph: Any, device: Any) -> Any:
+    """``graph`` with its features on ``device`` and qtrain running DGL's graph primitives
+    there (``qtrain.route``): unmodified DGL models on a GPU with DGL's CPU build."""
+    from qtrain.route import to_device as _to_device
+
+    return _to_device(graph, device)
+
+
+__all__ = ["__version__", "patch", "to_device"]

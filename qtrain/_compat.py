@@ -14,6 +14,14 @@ with two adaptations, each applied only when it is needed:
 
 ``import_dgl()`` is the only way qtrain imports DGL; ``applied()`` says what
 was adapted, for ``qtrain doctor`` and the run log.
+
+A user's own ``import dgl`` gets the same adaptations without importing qtrain
+first: installing qtrain puts ``qtrain_dgl_hook.pth`` in site-packages, which
+at interpreter start-up runs ``qtrain_dgl_hook.install()`` (the top-level module
+``qtrain_dgl_hook.py``). That puts a finder at the front of ``sys.meta_path``
+and imports nothing else; on the first ``import dgl`` the finder removes itself,
+calls ``prepare_dgl_import()`` here and lets the normal import go on. Setting
+``QTRAIN_NO_DGL_HOOK=1`` leaves the finder out.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import types
 from typing import Any
 
 _applied: list[str] = []
+_prepared = False
 _dgl: Any = None
 
 
@@ -57,11 +66,16 @@ def _import_ogb_without_version_check() -> None:
     _applied.append("ogb imported without its PyPI version check (no network at run time)")
 
 
-def import_dgl() -> Any:
-    """Import DGL with the adaptations this environment needs; return the module."""
-    global _dgl
-    if _dgl is not None:
-        return _dgl
+def prepare_dgl_import() -> None:
+    """Make the adaptations that must come before ``import dgl`` (once per process).
+
+    ``import_dgl()`` calls it, and so does the import hook (``qtrain_dgl_hook``)
+    when a user's own code imports dgl first.
+    """
+    global _prepared
+    if _prepared:
+        return
+    _prepared = True  # first: the checks below may look dgl up, which reaches the hook again
     if "DGLBACKEND" not in os.environ:
         os.environ["DGLBACKEND"] = "pytorch"
         _applied.append("DGLBACKEND=pytorch (keeps DGL from writing ~/.dgl/config.json)")
@@ -71,6 +85,14 @@ def import_dgl() -> Any:
         sys.modules["dgl.graphbolt"] = stub
         _applied.append("dgl.graphbolt replaced by an empty module (no build for this torch)")
     _import_ogb_without_version_check()
+
+
+def import_dgl() -> Any:
+    """Import DGL with the adaptations this environment needs; return the module."""
+    global _dgl
+    if _dgl is not None:
+        return _dgl
+    prepare_dgl_import()
     import dgl
 
     _dgl = dgl

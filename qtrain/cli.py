@@ -366,6 +366,11 @@ def _doctor_report() -> dict[str, Any]:
         report["dgl"] = None
         report["dgl_error"] = f"{type(exc).__name__}: {exc}"
     report["compat"] = _compat.applied()
+    report["dgl_import_hook"] = _import_hook_state()
+    report["graph_primitives"] = (
+        "DGL's kernels on the CPU; qtrain's device route on any other device "
+        "(train.graph_kernels = 'auto'; DGL's CPU build cannot run them on a GPU)"
+    )
     report["extensions"] = backend_status()
     for name, info in report["extensions"].items():
         if info.get("built"):  # an op that must raise does raise (in a child: it may crash)
@@ -384,6 +389,19 @@ def _doctor_report() -> dict[str, Any]:
     report["plugins"] = PLUGINS.names()
     report["plugin_errors"] = list(discovery_errors)
     return report
+
+
+def _import_hook_state() -> str:
+    """Whether a plain ``import dgl`` gets qtrain's adaptations (qtrain_dgl_hook.pth)."""
+    import importlib.util
+
+    if os.environ.get("QTRAIN_NO_DGL_HOOK", "") not in ("", "0"):
+        return "off (QTRAIN_NO_DGL_HOOK is set)"
+    if "qtrain_dgl_hook" in sys.modules:
+        return "installed: a plain `import dgl` is adapted"
+    if importlib.util.find_spec("qtrain_dgl_hook") is None:
+        return "missing: reinstall qtrain (pip install -e .)"
+    return "not run at start-up: qtrain_dgl_hook.pth is not in site-packages; reinstall qtrain"
 
 
 @app.command()
@@ -409,6 +427,8 @@ def doctor(
         table.add_row(key, str(report[key]))
     table.add_row("dgl", report["dgl"] or f"[red]not importable[/red]: {report.get('dgl_error')}")
     table.add_row("compat", "\n".join(report["compat"]) or "(none needed)")
+    table.add_row("import dgl", report["dgl_import_hook"])
+    table.add_row("graph primitives", report["graph_primitives"])
     for name, info in report["extensions"].items():
         if info.get("built") and info.get("error_path") != "ok":
             table.add_row(name, f"[red]unsafe build[/red]: {info['error_path']}")
@@ -436,6 +456,15 @@ def doctor(
 
 def main() -> None:
     """Console-script entry point."""
+    # Torch's CPU allocator neither caches nor asks for huge pages by default, so every
+    # large tensor (nodes x hidden) costs a page fault per 4 KiB when first written: on
+    # synthetic-arxiv that was a quarter of a GCN epoch. With this set before torch
+    # allocates, tensors of 2 MiB or more are 2 MiB-aligned and advised as transparent
+    # huge pages. Torch reads it at its first allocation, not at import, so here is in
+    # time (this module imports no torch either). A user's own value wins. Set here,
+    # where qtrain owns the process, not on `import qtrain`: a library import must not
+    # change a user's allocator.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     app()
 
 

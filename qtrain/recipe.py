@@ -51,13 +51,19 @@ class TrainConfig:
     eval_batch_size: int = option(
         4096, "mini-batch: nodes per batch in layer-wise evaluation", min=1
     )
-    device: str = option("cpu", "'cpu', 'cuda' or 'cuda:N'")
+    device: str = option("cpu", "'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when torch sees a GPU)")
+    graph_kernels: Literal["auto", "qtrain", "dgl"] = option(
+        "auto",
+        "who runs the graph primitives: qtrain's device route on a GPU and DGL on the CPU "
+        "(auto), qtrain's route everywhere (qtrain), or DGL (dgl: the CPU only with DGL's "
+        "CPU build)",
+    )
     threads: int = option(0, "CPU threads for torch (0 = torch's default)", min=0)
 
     def validate(self) -> None:
-        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
             raise ValueError(
-                f"device = {self.device!r} is not allowed; use 'cpu', 'cuda' or 'cuda:N'"
+                f"device = {self.device!r} is not allowed; use 'cpu', 'cuda', 'cuda:N' or 'auto'"
             )
         if any(f == 0 for f in self.fanouts):
             raise ValueError("fanouts must be positive or -1 (all neighbours), not 0")

@@ -65,6 +65,8 @@ def test_doctor_reports_versions_compat_and_extension() -> None:
     assert report["torch"]
     assert "ext-cpu" in report["extensions"] and "ext-cuda" in report["extensions"]
     assert any("graphbolt" in c for c in report["compat"]) or report["compat"] == []
+    assert report["dgl_import_hook"].startswith("installed")  # qtrain_dgl_hook.pth ran
+    assert "qtrain's device route" in report["graph_primitives"]
     assert result.exit_code == (0 if report["healthy"] else 1)
     table = runner.invoke(app, ["doctor"])
     assert "dgl" in table.stdout and "ext-cpu" in table.stdout
@@ -189,13 +191,30 @@ def test_console_script_keeps_stdout_machine_readable(tiny_recipe: Path, tmp_pat
     assert bad.stdout == ""
 
 
-def test_import_asks_for_huge_pages_unless_told_otherwise() -> None:
-    """``import qtrain`` sets THP_MEM_ALLOC_ENABLE=1 for torch's allocator; a user's value wins."""
-    probe = "import os, qtrain; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+def test_the_command_asks_for_huge_pages_unless_told_otherwise() -> None:
+    """``qtrain`` (cli.main) sets THP_MEM_ALLOC_ENABLE=1 for torch's allocator before torch
+    is even imported (torch reads it at its first allocation); a user's value wins."""
+    probe = (
+        "import os, sys; from qtrain.cli import main; torch = 'torch' in sys.modules; "
+        "sys.argv = ['qtrain', '--help']\n"
+        "try: main()\n"
+        "except SystemExit: pass\n"
+        "print(torch, os.environ.get('THP_MEM_ALLOC_ENABLE'))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     for given, expected in ((None, "1"), ("0", "0")):
         run_env = env if given is None else {**env, "THP_MEM_ALLOC_ENABLE": given}
         done = subprocess.run(
             [sys.executable, "-c", probe], capture_output=True, text=True, env=run_env
         )
-        assert done.returncode == 0 and done.stdout.strip() == expected, done.stderr
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == f"False {expected}", done.stdout
+
+
+def test_import_qtrain_leaves_the_allocator_alone() -> None:
+    """A library import (or a user's ``import dgl``, which imports qtrain) sets nothing."""
+    probe = "import os, qtrain, dgl; print(os.environ.get('THP_MEM_ALLOC_ENABLE'))"
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "None"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -321,3 +322,104 @@ def test_example_recipes_are_valid() -> None:
         if loaded.train.mode == "minibatch":
             layers = loaded.model.options.layers
             assert len(loaded.train.fanouts) == layers, path.name
+
+
+# ------------------------------------------------------------ who runs the graph primitives
+
+
+def _losses(summary: dict[str, Any]) -> list[float]:
+    return [r["loss"] for r in read_metrics(summary["run_dir"])]
+
+
+@pytest.mark.parametrize(
+    ("model", "plugins"),
+    [
+        ("gcn", []),
+        ("gat", []),
+        ("sage", []),
+        ("gcnii", []),
+        ("gcn", ["tango"]),
+        ("sage", ["tango"]),
+    ],
+)
+def test_qtrain_graph_kernels_train_as_dgl_does(
+    tmp_path: Path, model: str, plugins: list[str]
+) -> None:
+    """train.graph_kernels = 'qtrain' runs every graph primitive on qtrain's device route
+    (what a GPU run uses) on the CPU: the run's numbers are DGL's."""
+    runs = {}
+    for kernels in ("dgl", "qtrain"):
+        r = recipe(
+            tmp_path,
+            model={"name": model, "hidden": 8},
+            train={"graph_kernels": kernels},
+            quant={"plugin": plugins},
+        )
+        runs[kernels] = execute(r, reporter=Reporter())
+    assert runs["dgl"]["graph_kernels"] == "dgl" and runs["qtrain"]["graph_kernels"] == "qtrain"
+    assert "route" not in json.dumps(runs["dgl"]["kernels"])
+    assert sum(runs["qtrain"]["kernels"]["spmm"].values()) > 0
+    assert runs["qtrain"]["kernels"]["spmm"].get("route", 0) > 0 or plugins
+    assert _losses(runs["qtrain"]) == pytest.approx(_losses(runs["dgl"]), rel=1e-3)
+    assert runs["qtrain"]["val_acc"] == pytest.approx(runs["dgl"]["val_acc"], abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("model", "plugins"),
+    [("gcn", ["trace"]), ("gcn", ["exact"]), ("gcn", ["tango", "exact"]), ("gat", ["tango"])],
+)
+def test_every_plugin_trains_on_the_route(tmp_path: Path, model: str, plugins: list[str]) -> None:
+    """Where a plugin's random draws depend on which tensors a kernel saves or calls (exact
+    compresses what autograd saves; under DGL's kernels tango also quantizes the primitives
+    DGL's own backward passes call), the route trains to the same quality, not the same
+    numbers."""
+    runs = {}
+    for kernels in ("dgl", "qtrain"):
+        r = recipe(
+            tmp_path,
+            model={"name": model, "hidden": 8},
+            train={"graph_kernels": kernels, "epochs": 10},
+            quant={"plugin": plugins},
+        )
+        runs[kernels] = execute(r, reporter=Reporter())
+    routed = runs["qtrain"]
+    assert routed["status"] == "completed" and routed["plugins"] == plugins
+    assert all(routed["plugin_reports"][p] for p in plugins)
+    assert all(math.isfinite(x) for x in _losses(routed))
+    assert routed["val_acc"] == pytest.approx(runs["dgl"]["val_acc"], abs=0.1)
+
+
+def test_qtrain_graph_kernels_on_minibatch_blocks(tmp_path: Path) -> None:
+    train = {"mode": "minibatch", "fanouts": [3, 3], "batch_size": 32, "epochs": 2}
+    summary = execute(
+        recipe(
+            tmp_path,
+            model={"name": "sage", "hidden": 8},
+            train={**train, "graph_kernels": "qtrain"},
+        ),
+        reporter=Reporter(),
+    )
+    assert summary["status"] == "completed" and summary["graph_kernels"] == "qtrain"
+    assert summary["kernels"]["spmm"]["route"] > 0
+
+
+def test_device_auto_on_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto picks it (make gpu-check covers that)")
+    summary = execute(recipe(tmp_path, train={"device": "auto"}), reporter=Reporter())
+    assert summary["device"] == "cpu" and summary["graph_kernels"] == "dgl"
+
+
+@pytest.mark.parametrize("device", ["cuda:x", "tpu", ""])
+def test_a_device_that_is_not_one_is_refused(tmp_path: Path, device: str) -> None:
+    with pytest.raises(RecipeError, match=r"device = .* use .cpu., .cuda., .cuda:N. or .auto."):
+        execute(recipe(tmp_path, train={"device": device}), reporter=Reporter())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dgl_graph_kernels_on_a_device_dgl_cannot_use_name_the_way_out() -> None:
+    from qtrain.errors import QtrainError
+    from qtrain.train.prepare import check_dgl_device
+
+    with pytest.raises(QtrainError, match="graph_kernels = 'auto'"):
+        check_dgl_device(torch.device("meta"))

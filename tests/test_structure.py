@@ -8,13 +8,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
 # the package and the built-in plugins, installed as qtrain.plugins
 SOURCES = {"qtrain": ROOT / "qtrain", "qtrain.plugins": ROOT / "plugins"}
+# single-file top-level modules installed beside the package (qtrain_dgl_hook)
+TOP_LEVEL = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"].get(
+    "py-modules", []
+)
 
 
 def _modules() -> dict[str, Path]:
-    found = {}
+    found = {name: ROOT / f"{name}.py" for name in TOP_LEVEL}
     for package, folder in SOURCES.items():
         for path in folder.rglob("*.py"):
             parts = list(path.relative_to(folder).with_suffix("").parts)
@@ -101,6 +110,7 @@ def test_no_import_cycles() -> None:
     """Function-level imports count too: a lazy import is still an arrow back up."""
     graph = _graph()
     assert len(graph) > 50  # the whole package was read
+    assert "qtrain_dgl_hook" in graph  # and the top-level modules beside it
     assert _cycles(graph) == []
 
 
@@ -118,7 +128,11 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def test_the_linter_sees_every_source_file() -> None:
     """ruff's default excludes once hid the package's `dist/` folder from `make lint`."""
     listed = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--show-files", "qtrain", "plugins"],
+        [
+            sys.executable,
+            *("-m", "ruff", "check", "--show-files", "qtrain", "plugins"),
+            *(f"{name}.py" for name in TOP_LEVEL),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

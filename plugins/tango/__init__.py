@@ -8,8 +8,9 @@ autograd Functions. What stays float32, as in the paper: edge softmax, the
 model's output layer when ``fp32_before_softmax`` is on (its forward and its
 backward), the weight update, and any primitive variant the kernels do not
 cover (max/min reducers, broadcasting shapes, heterogeneous graphs): those run
-DGL's own kernel and are counted as ``fp32`` in the run's ``kernels`` table,
-so nothing falls back unseen.
+the float32 kernel underneath (DGL's own, or qtrain's device route where it is
+enabled, as on a GPU) and are counted as ``fp32`` in the run's ``kernels``
+table, so nothing falls back unseen.
 
 ``bits = "auto"`` runs ``qtrain.plugins.tango.calibrate`` on the model before the patches go
 in and trains with the chosen count.
@@ -49,7 +50,10 @@ from qtrain.plugin import (
 )
 
 FP32 = "fp32"
-_DEVICES = ("cpu",)  # devices with a compiled or reference path wired here
+# devices whose float32 operands are quantized: the op library has kernels for both; a
+# CUDA tensor reaches a graph primitive through qtrain's device route (DGL's CPU build
+# cannot run one), whose CSR views of the graph are then read on the GPU
+_DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -239,11 +243,11 @@ class TangoPlugin(Plugin):
         policy = self.policy
         assert policy is not None
         if op == "copy_lhs" and lhs.dim() in (2, 3):
-            return QuantSpMM.apply(policy, graph_csr(gidx), lhs, None)
+            return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, None)
         if op == "mul" and lhs.dim() in (2, 3) and _per_head_weight(lhs, rhs):
-            return QuantSpMM.apply(policy, graph_csr(gidx), lhs, rhs)
+            return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, rhs)
         if op == "copy_rhs" and rhs.dim() in (2, 3):
-            return QuantEdgeToNode.apply(policy, graph_csr(gidx), rhs)
+            return QuantEdgeToNode.apply(policy, graph_csr(gidx, 0, rhs.device), rhs)
         return None
 
     # ------------------------------------------------------------ SDDMM
@@ -270,9 +274,8 @@ class TangoPlugin(Plugin):
                 else:
                     policy = self.policy
                     assert policy is not None
-                    return QuantSDDMM.apply(
-                        policy, graph_csr(gidx), op, lhs, rhs, lhs_target == "u"
-                    )
+                    csr = graph_csr(gidx, 0, lhs.device)
+                    return QuantSDDMM.apply(policy, csr, op, lhs, rhs, lhs_target == "u")
             self._fallback("sddmm", why)
             return original(gidx, op, lhs, rhs, lhs_target, rhs_target)
 

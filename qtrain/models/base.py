@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from qtrain import route
 from qtrain._compat import import_dgl
 
 
@@ -124,7 +125,7 @@ class GNNModel(nn.Module):
             graph,
             nodes,
             sampler,
-            device=device,
+            device=route.sampler_device(device),
             batch_size=batch_size,
             shuffle=False,
             drop_last=False,

@@ -2,17 +2,20 @@
 
 Built from the graph's COO (``gidx.edges``) with a stable sort, because DGL
 2.1 crashes converting a block (a bipartite mini-batch graph) to CSC under
-this torch. Each graph is converted once and kept while it is among the most
-recently used: full-graph training converts once per run; mini-batch
-training once per block. Indices are int32 whenever the graph fits, halving the index
-traffic of the gathers.
+this torch. Each relation of a graph is converted once on the CPU and copied
+once to each device that asks for it (qtrain's device route keeps the
+structure on the GPU while DGL's graph stays on the CPU), and kept while it
+is among the most recently used: full-graph training converts once per run;
+mini-batch training once per block. Indices are int32 whenever the graph
+fits, halving the index traffic of the gathers.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -37,12 +40,32 @@ class GraphCSR:
     out_eids: torch.Tensor  # [E] edge id of each out-edge
     edge_ids: torch.Tensor  # [E] 0..E-1, the row index of edge data
 
+    @property
+    def device(self) -> torch.device:
+        return self.src.device
+
+    def to(self, device: torch.device) -> GraphCSR:
+        """The same views with every array on ``device``."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+            else getattr(self, f.name)
+            for f in fields(self)
+        }
+        return GraphCSR(**moved)
+
+    def in_degrees(self) -> torch.Tensor:
+        """In-degree of every destination node, on the views' device (no host sync)."""
+        return self.in_indptr[1:] - self.in_indptr[:-1]
+
 
 def _grouped(
     rows: torch.Tensor, cols: torch.Tensor, eids: torch.Tensor, num_rows: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     order = torch.argsort(rows, stable=True)
-    counts = torch.bincount(rows, minlength=num_rows)
+    # a scatter-add, not bincount: bincount reads the largest row id back to the host
+    counts = torch.zeros(num_rows, dtype=torch.int64, device=rows.device)
+    counts.index_add_(0, rows, torch.ones_like(rows))
     indptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
     torch.cumsum(counts, 0, out=indptr[1:])
     return indptr.to(dtype), cols[order].to(dtype), eids[order].to(dtype)
@@ -74,10 +97,10 @@ def build_csr(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) 
     )
 
 
-def _coo(gidx: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
-    """(src, dst, eid, num_src, num_dst) of a single-relation graph index, zero-copy."""
-    src_type, dst_type = gidx.metagraph.find_edge(0)
-    src, dst, eid = gidx.edges(0)
+def _coo(gidx: Any, etype: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """(src, dst, eid, num_src, num_dst) of one relation of a graph index, zero-copy."""
+    src_type, dst_type = gidx.metagraph.find_edge(etype)
+    src, dst, eid = gidx.edges(etype)
     return src, dst, eid, int(gidx.number_of_nodes(src_type)), int(gidx.number_of_nodes(dst_type))
 
 
@@ -95,53 +118,84 @@ def csr_from_coo(
     return build_csr(src, dst, num_src, num_dst)
 
 
-def csr_from_gidx(gidx: Any) -> GraphCSR:
-    """CSR views of a single-relation DGL ``HeteroGraphIndex`` (a graph or a block)."""
-    return csr_from_coo(*_coo(gidx))
+def csr_from_gidx(gidx: Any, etype: int = 0) -> GraphCSR:
+    """CSR views of one relation of a DGL ``HeteroGraphIndex`` (a graph or a block)."""
+    return csr_from_coo(*_coo(gidx, etype))
+
+
+_CPU = torch.device("cpu")
 
 
 class _CSRCache:
-    """GraphCSR of the most recently used graphs.
+    """GraphCSR of the most recently used graphs, per relation and device.
 
-    DGL hands the primitives a different graph-index object from layer to
-    layer and epoch to epoch, but one graph's COO source and destination
-    arrays stay where they are; so the key is their addresses and sizes
-    (graphs whose edge ids are not 0..E-1 in COO order are not cached). The entry holds the arrays,
-    so their memory cannot be freed and reused by another graph while the
-    entry exists. Only the last few graphs are kept, which covers full-graph
-    training (one graph) and mini-batch training (one block per layer per step).
+    Two keys lead to an entry. The graph-index object itself (held weakly, so
+    a freed index whose ``id`` is reused cannot hit): a hit costs no call into
+    DGL. And, for the CPU views, the addresses and sizes of the relation's COO
+    source and destination arrays: DGL hands the primitives a different
+    graph-index object from layer to layer and epoch to epoch, but one graph's
+    COO arrays stay where they are. Only arrays whose edge ids are 0..E-1 in
+    COO order are entered under their addresses (checked once, on a miss), and
+    the entry holds the arrays, so their memory cannot be freed and reused by
+    another graph while it exists. A device's views are the CPU views copied
+    once. Only the last few graphs are kept, which covers full-graph training
+    (one graph) and mini-batch training (one block per layer per step).
     """
 
     def __init__(self, capacity: int = 16) -> None:
         self._lock = threading.Lock()
         self._capacity = capacity
-        self._entries: OrderedDict[tuple[int, ...], tuple[Any, GraphCSR]] = OrderedDict()
+        self._by_arrays: OrderedDict[tuple[Any, ...], tuple[Any, GraphCSR]] = OrderedDict()
+        self._by_index: OrderedDict[tuple[Any, ...], tuple[Any, GraphCSR]] = OrderedDict()
 
-    def get(self, gidx: Any) -> GraphCSR:
-        src, dst, eid, num_src, num_dst = _coo(gidx)
-        if src.numel() and not torch.equal(eid, torch.arange(src.numel(), device=eid.device)):
-            return csr_from_coo(src, dst, eid, num_src, num_dst)  # permuted ids: not cached
+    @staticmethod
+    def _remember(
+        table: OrderedDict, key: tuple[Any, ...], entry: tuple[Any, GraphCSR], capacity: int
+    ) -> None:
+        table[key] = entry
+        table.move_to_end(key)
+        while len(table) > capacity:
+            table.popitem(last=False)
+
+    def get(self, gidx: Any, etype: int = 0, device: torch.device | str | None = None) -> GraphCSR:
+        device = _CPU if device is None else torch.device(device)
+        index_key = (id(gidx), etype, device)
+        with self._lock:
+            entry = self._by_index.get(index_key)
+            if entry is not None and entry[0]() is gidx:
+                self._by_index.move_to_end(index_key)
+                return entry[1]
+        csr = self._cpu_views(gidx, etype)
+        if device != _CPU:
+            csr = csr.to(device)
+        with self._lock:
+            self._remember(self._by_index, index_key, (weakref.ref(gidx), csr), self._capacity * 4)
+        return csr
+
+    def _cpu_views(self, gidx: Any, etype: int) -> GraphCSR:
+        src, dst, eid, num_src, num_dst = _coo(gidx, etype)
         key = (src.data_ptr(), dst.data_ptr(), src.numel(), num_src, num_dst)
         with self._lock:
-            entry = self._entries.get(key)
+            entry = self._by_arrays.get(key)
             if entry is not None:
-                self._entries.move_to_end(key)
+                self._by_arrays.move_to_end(key)
                 return entry[1]
+        if src.numel() and not torch.equal(eid, torch.arange(src.numel(), device=eid.device)):
+            return csr_from_coo(src, dst, eid, num_src, num_dst)  # permuted ids: not cached
         csr = csr_from_coo(src, dst, eid, num_src, num_dst)
         with self._lock:
-            self._entries[key] = ((src, dst), csr)
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
+            self._remember(self._by_arrays, key, ((src, dst), csr), self._capacity)
         return csr
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
+            self._by_arrays.clear()
+            self._by_index.clear()
 
 
 CSR_CACHE = _CSRCache()
 
 
-def graph_csr(gidx: Any) -> GraphCSR:
-    """The cached CSR views of ``gidx``."""
-    return CSR_CACHE.get(gidx)
+def graph_csr(gidx: Any, etype: int = 0, device: torch.device | str | None = None) -> GraphCSR:
+    """The cached CSR views of relation ``etype`` of ``gidx``, on ``device`` (default CPU)."""
+    return CSR_CACHE.get(gidx, etype, device)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from qtrain import route
 from qtrain._compat import import_dgl
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
 from qtrain.models.base import GNNModel
@@ -162,7 +163,7 @@ class Trainer:
                 self.graph,
                 self.idx["train"].to(self.graph.device),
                 sampler,
-                device=device,
+                device=route.sampler_device(device),
                 batch_size=config.batch_size,
                 shuffle=True,
                 drop_last=False,

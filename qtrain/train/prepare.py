@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qtrain import route
 from qtrain._compat import import_dgl
 from qtrain.errors import QtrainError, RecipeError
 from qtrain.models import build_model
@@ -34,8 +35,16 @@ def seed_everything(seed: int) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
-    """The torch device for ``train.device``, or a RecipeError if it is not usable here."""
-    device = torch.device(name)
+    """The torch device for ``train.device`` ("auto": the first GPU torch sees, else the
+    CPU), or a RecipeError if it is not usable here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise RecipeError(
+            f"train.device = {name!r} is not a device; use 'cpu', 'cuda', 'cuda:N' or 'auto'"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise RecipeError(f"train.device = {name!r}, but torch sees no CUDA device; use 'cpu'")
@@ -72,8 +81,14 @@ def check_dgl_device(device: torch.device) -> None:
         dgl.graph(([0], [0])).to(device)
     except Exception as exc:  # a DGL build without CUDA raises its own error type
         raise QtrainError(
-            f"train.device = '{device}': this DGL build cannot place graphs there ({exc}); use 'cpu'"
+            f"train.device = '{device}' with train.graph_kernels = 'dgl': this DGL build cannot "
+            f"place graphs there ({exc}); use graph_kernels = 'auto' (qtrain runs them)"
         ) from None
+
+
+def uses_route(graph_kernels: str, device: torch.device) -> bool:
+    """Whether qtrain's device route runs the graph primitives (``train.graph_kernels``)."""
+    return graph_kernels == "qtrain" or (graph_kernels == "auto" and device.type != "cpu")
 
 
 @contextlib.contextmanager
@@ -81,8 +96,9 @@ def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]
     """Threads, seeds, dataset, model and graph exactly as a run of ``recipe`` starts them.
 
     Yields ``(dataset, graph, model, device)`` with the graph through
-    ``model.prepare_graph`` and the model on the device; thread counts are
-    restored afterwards.
+    ``model.prepare_graph`` and the model on the device; qtrain's device route is
+    enabled for the device when ``train.graph_kernels`` says so; thread counts are
+    restored and the route disabled afterwards.
     """
     from qtrain.data import load_dataset
 
@@ -100,7 +116,11 @@ def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]
         model = build_model(recipe.model, dataset)
         check_mode(recipe, model)
         graph = model.prepare_graph(dataset.graph)
-        if device.type == "cuda":
+        if uses_route(train.graph_kernels, device):
+            route.enable(device)  # before any plugin: plugins wrap the route's primitives
+            stack.callback(route.disable)
+        elif device.type != "cpu":
             check_dgl_device(device)
+        if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         yield dataset, graph, model.to(device), device

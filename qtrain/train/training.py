@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from qtrain import route
 from qtrain.models.base import GNNModel
 from qtrain.ops import dispatch
 from qtrain.plugin import PluginContext, activated
@@ -70,6 +71,8 @@ def train_prepared(
         "mode": recipe.train.mode,
         "seed": recipe.train.seed,
         "device": str(device),
+        # who ran the graph primitives: qtrain's device route, or DGL's own kernels
+        "graph_kernels": "qtrain" if device.type in route.enabled_devices() else "dgl",
         "threads": torch.get_num_threads(),
         "metric": dataset.metric,
         "num_params": sum(p.numel() for p in model.parameters()),
