@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING
@@ -93,14 +94,25 @@ def guarded(action: Callable[[], T], debug: bool = False) -> T:
         _fail(f"{type(exc).__name__}: {exc}{suffix} (--debug shows the traceback)", EXIT_FAILED)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        out.print(f"qtrain {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _main(
     debug: DebugFlag = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=_print_version,
+            is_eager=True,  # before typer asks for a command
+        ),
+    ] = False,
 ) -> None:
-    if version:
-        out.print(f"qtrain {__version__}")
-        raise typer.Exit(0)
     if debug:
         _State.debug = True
 
@@ -465,7 +477,24 @@ def main() -> None:
     # where qtrain owns the process, not on `import qtrain`: a library import must not
     # change a user's allocator.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    _stop_signals_interrupt()
     app()
+
+
+def _stop_signals_interrupt() -> None:
+    """SIGTERM (what schedulers, ``timeout`` and the distributed launcher send) stops a run
+    as Ctrl-C does: the summary says "interrupted", the metrics and the best checkpoint
+    stay. After the first stop signal, further SIGTERMs are ignored, so that a launcher
+    stopping workers that are already winding down from a Ctrl-C cannot cut their summary
+    short; a second Ctrl-C still interrupts the wind-down."""
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ error reads alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -126,6 +127,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise RecipeError(f"{key} = {_describe_value(value)} must be an integer")
     if tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
+            if not math.isfinite(value):  # nan and inf pass every bound check otherwise
+                raise RecipeError(f"{key} = {value} must be a finite number")
             return float(value)
         raise RecipeError(f"{key} = {_describe_value(value)} must be a number")
     if tp is str:

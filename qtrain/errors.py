@@ -30,6 +30,10 @@ class RunFailed(Exception):
     """The run started but could not finish (a worker died): one line, exit status 1."""
 
 
+class RunDiverged(RunFailed):
+    """The loss or the parameters stopped being finite: the run ends "diverged", exit 1."""
+
+
 def one_of(allowed: Iterable[object]) -> str:
     """Render a list of allowed values for an error message."""
     items = [repr(a) if isinstance(a, str) else str(a) for a in allowed]

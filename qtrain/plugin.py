@@ -75,9 +75,14 @@ class DenseOperands(NamedTuple):
 
 
 def float32_on(devices: Iterable[str], *tensors: Any) -> bool:
-    """Every one of ``tensors`` is a float32 tensor on one of ``devices`` (types like "cpu")."""
+    """Every one of ``tensors`` is a dense float32 tensor on one of ``devices`` (types like
+    "cpu"). A sparse operand (``torch.sparse`` A @ X in a hand-written GCN) is not: plugins
+    leave such a product in float32."""
     return all(
-        isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type in devices
+        isinstance(t, torch.Tensor)
+        and t.layout == torch.strided
+        and t.dtype == torch.float32
+        and t.device.type in devices
         for t in tensors
     )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,7 @@ class TrainConfig:
     mode: Literal["full", "minibatch"] = option(
         "full", "full-graph steps, or neighbour-sampled mini-batches for large graphs"
     )
-    epochs: int = option(200, "training epochs", min=1)
+    epochs: int = option(200, "training epochs", min=1, max=1_000_000)
     lr: float = option(0.01, "Adam learning rate", min=0.0)
     weight_decay: float = option(5e-4, "Adam weight decay (L2)", min=0.0)
     seed: int = option(0, "seed for weights, dropout, sampling and stochastic rounding", min=0)
@@ -61,7 +62,14 @@ class TrainConfig:
     threads: int = option(0, "CPU threads for torch (0 = torch's default)", min=0)
 
     def validate(self) -> None:
-        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+        cores = os.cpu_count() or 1
+        if self.threads > cores:
+            raise ValueError(
+                f"threads = {self.threads} is more than the {cores} CPU cores of this machine; "
+                f"use 0 (torch's default) to {cores}"
+            )
+        indexed = self.device.startswith("cuda:") and self.device[5:].isdigit()
+        if self.device not in ("cpu", "cuda", "auto") and not indexed:
             raise ValueError(
                 f"device = {self.device!r} is not allowed; use 'cpu', 'cuda', 'cuda:N' or 'auto'"
             )
@@ -114,6 +122,19 @@ class OutputConfig:
     dir: str = option("runs", "parent folder of the run directories")
     name: str = option("", "run name prefix (default: the recipe file's name)")
     checkpoint: bool = option(True, "save the best-on-validation model")
+
+    def validate(self) -> None:
+        # the run directory is <dir>/<name>-<time>: a name must not lead out of dir
+        name = self.name
+        if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+            raise ValueError(
+                f"name = {name!r} must be a plain name (no '/', '\\', no leading '.'): the run "
+                "directory is made inside output.dir"
+            )
+        if any(ord(c) < 32 or ord(c) == 127 for c in name) or len(name) > 100:
+            raise ValueError(
+                f"name = {name!r} must be at most 100 printable characters (no control characters)"
+            )
 
 
 @dataclass(frozen=True)
@@ -203,6 +224,8 @@ def parse_quant(table: Mapping[str, Any]) -> QuantSection:
         configs[name] = PLUGINS.get(name).parse(
             _table(table, name) if name in table else {}, f"quant.{name}"
         )
+    for name in set(table) - set(plugins) - {"plugin"}:  # checked even when not enabled
+        PLUGINS.get(name).parse(_table(table, name), f"quant.{name}")
     return QuantSection(tuple(plugins), configs)
 
 

@@ -218,3 +218,54 @@ def test_import_qtrain_leaves_the_allocator_alone() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "None"
+
+
+def test_version_needs_no_command() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip().startswith("qtrain 0.")
+
+
+def test_a_diverging_run_exits_1_with_one_line(tiny_recipe: Path) -> None:
+    result = runner.invoke(
+        app, ["run", str(tiny_recipe), "--set", "train.lr=1e30", "--set", "train.epochs=20"]
+    )
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("qtrain: error")]
+    assert len(lines) == 1 and "diverged at epoch" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    """What schedulers and `timeout` send: the summary says interrupted, metrics and the
+    best checkpoint stay."""
+    import signal
+    import time
+
+    path = tmp_path / "long.toml"
+    path.write_text(TINY.format(out=tmp_path / "runs").replace("epochs = 3", "epochs = 100000"))
+    env = {**os.environ, "QTRAIN_DATA_DIR": str(tmp_path / "data")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qtrain", "run", str(path)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        metrics: list[Path] = []
+        while time.monotonic() < deadline:
+            metrics = list((tmp_path / "runs").glob("*/metrics.jsonl"))
+            if metrics and len(metrics[0].read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        assert metrics, "the run never wrote an epoch"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=240)  # 2 busy cores in CI: be patient
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    run_dir = metrics[0].parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["epochs"] >= 2
+    assert (run_dir / "checkpoint.pt").exists()
+    assert "interrupted" in stderr and "Traceback" not in stderr

@@ -145,6 +145,36 @@ def test_minimal_recipe_fills_defaults() -> None:
             r"unknown section \[training\]; sections: " + ", ".join(SECTIONS),
         ),
         ({**MINIMAL, "train": 3}, r"\[train\] must be a table"),
+        ({**MINIMAL, "train": {"lr": float("nan")}}, r"train\.lr = nan must be a finite number"),
+        ({**MINIMAL, "train": {"lr": float("inf")}}, r"train\.lr = inf must be a finite number"),
+        (
+            {**MINIMAL, "distributed": {"timeout_s": float("inf")}},
+            r"distributed\.timeout_s = inf must be a finite number",
+        ),
+        (
+            {**MINIMAL, "model": {"name": "gcn", "dropout": float("nan")}},
+            r"model\.dropout = nan must be a finite number",
+        ),
+        ({**MINIMAL, "train": {"epochs": 10**23}}, r"train\.epochs = 1\d+ is too large"),
+        (
+            {**MINIMAL, "train": {"threads": 100_000}},
+            r"threads = 100000 is more than the \d+ CPU cores",
+        ),
+        ({**MINIMAL, "train": {"device": "cuda:abc"}}, r"device = 'cuda:abc' is not allowed"),
+        ({**MINIMAL, "output": {"name": "../x"}}, r"output: name = '\.\./x' must be a plain name"),
+        (
+            {**MINIMAL, "output": {"name": "/etc/x"}},
+            r"output: name = '/etc/x' must be a plain name",
+        ),
+        ({**MINIMAL, "output": {"name": "a\x01b"}}, r"no control characters"),
+        (
+            {**MINIMAL, "quant": {"exact": {"bitz": 99}}},
+            r"unknown key quant\.exact\.bitz; allowed keys: .*bits",
+        ),
+        (
+            {**MINIMAL, "quant": {"plugin": [], "tango": {"bits": 99}}},
+            r"quant\.tango\.bits = 99 is too large",
+        ),
     ],
 )
 def test_recipe_errors_name_the_key_and_what_is_allowed(raw: dict, message: str) -> None:

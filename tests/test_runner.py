@@ -423,3 +423,46 @@ def test_dgl_graph_kernels_on_a_device_dgl_cannot_use_name_the_way_out() -> None
 
     with pytest.raises(QtrainError, match="graph_kernels = 'auto'"):
         check_dgl_device(torch.device("meta"))
+
+
+# ------------------------------------------------------------ runs that stop being finite
+
+
+def test_a_diverging_run_ends_diverged_and_keeps_no_number_it_did_not_earn(tmp_path: Path) -> None:
+    from qtrain.errors import RunDiverged
+
+    with pytest.raises(RunDiverged, match=r"diverged at epoch \d+: .*lower train\.lr") as caught:
+        execute(recipe(tmp_path, train={"lr": 1e30, "epochs": 20}), reporter=Reporter())
+    run_dir = Path(caught.value.run_dir)  # type: ignore[attr-defined]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged" and "diverged at epoch" in summary["error"]
+    records = read_metrics(run_dir)
+    last = records[-1]
+    assert last["diverged"] is True and last["loss"] is None
+    assert summary["diverged_at"] == last["epoch"] == summary["epochs"]
+    assert all(math.isfinite(r["loss"]) for r in records[:-1])
+    assert summary["epochs"] < 20  # stopped, not trained to the end on NaN
+
+
+def test_a_graph_without_training_nodes_is_refused_before_a_run_starts(tmp_path: Path) -> None:
+    from qtrain._compat import import_dgl
+    from qtrain.errors import DatasetError
+
+    dgl = import_dgl()
+    g = dgl.rand_graph(40, 120)
+    g.ndata["feat"] = torch.randn(40, 5)
+    g.ndata["label"] = torch.randint(0, 3, (40,))
+    g.ndata["train_mask"] = torch.zeros(40, dtype=torch.bool)
+    g.ndata["val_mask"] = g.ndata["test_mask"] = torch.ones(40, dtype=torch.bool)
+    dgl.save_graphs(str(tmp_path / "g.bin"), [g])
+    r = build_recipe(
+        {
+            "model": {"name": "gcn", "hidden": 8},
+            "dataset": {"name": "dgl-file", "path": str(tmp_path / "g.bin")},
+            "output": {"dir": str(tmp_path / "runs")},
+        },
+        "no-train",
+    )
+    with pytest.raises(DatasetError, match="no training nodes"):
+        execute(r, reporter=Reporter())
+    assert not (tmp_path / "runs").exists()

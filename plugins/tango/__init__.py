@@ -291,6 +291,8 @@ class TangoPlugin(Plugin):
             return func(*args, **kwargs)
         plan = dense_operands(kind, args, kwargs, _DEVICES)
         if plan is None:
+            if any(isinstance(a, torch.Tensor) and a.layout != torch.strided for a in args):
+                self._fallback("gemm", "sparse operand")  # torch.sparse A @ X stays float32
             return func(*args, **kwargs)
         x, w, bias, linear = plan
         if self.fp32.active:

@@ -10,6 +10,7 @@ what was measured so far for the summary.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import warnings
@@ -23,6 +24,7 @@ import torch
 from qtrain import route
 from qtrain._compat import import_dgl
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
+from qtrain.errors import RunDiverged
 from qtrain.models.base import GNNModel
 from qtrain.train.activations import ActivationMeter
 from qtrain.train.metrics import loss_function, metric_function
@@ -45,6 +47,7 @@ class TrainState:
     evals_without_improvement: int = 0
     stopped_early: bool = False
     last_loss: float | None = None
+    diverged_at: int | None = None  # the epoch whose loss or parameters were not finite
 
     def summary(self) -> dict[str, Any]:
         """The summary fields this state determines."""
@@ -59,6 +62,7 @@ class TrainState:
             "eval_time_s": sum(self.eval_times),
             "final_loss": self.last_loss,
             "stopped_early": self.stopped_early,
+            "diverged_at": self.diverged_at,
         }
 
 
@@ -236,6 +240,28 @@ class Trainer:
 
     # --- the run -------------------------------------------------------------
 
+    def _check_finite(self, epoch: int, loss: float, state: TrainState) -> None:
+        """Stop a run whose loss or parameters are no longer finite: it would go on
+        reporting accuracies it did not earn. The epoch is recorded without numbers."""
+        bad = None
+        if not math.isfinite(loss):
+            bad = f"the training loss is {loss}"
+        else:
+            for name, param in self.model.named_parameters():
+                if not bool(torch.isfinite(param).all()):
+                    bad = f"parameter {name} holds non-finite values"
+                    break
+        if bad is None:
+            return
+        state.epochs_run = epoch
+        state.diverged_at = epoch
+        if self.run_dir is not None:
+            self.run_dir.append_metrics({"epoch": epoch, "loss": None, "diverged": True})
+        raise RunDiverged(
+            f"the run diverged at epoch {epoch}: {bad}; lower train.lr (now {self.config.lr}) "
+            "or check the features for NaN / Inf"
+        )
+
     def run(self, state: TrainState) -> TrainState:
         """Train for ``config.epochs`` epochs (or until early stopping), updating ``state``."""
         cfg = self.config
@@ -245,6 +271,7 @@ class Trainer:
             loss, train_metric = self.train_epoch()
             self._sync()
             elapsed = time.perf_counter() - start
+            self._check_finite(epoch, loss, state)
             record: dict[str, Any] = {"epoch": epoch, "loss": loss, "train_acc": train_metric}
 
             improved = False

@@ -16,7 +16,7 @@ import torch
 
 from qtrain import route
 from qtrain._compat import import_dgl
-from qtrain.errors import QtrainError, RecipeError
+from qtrain.errors import DatasetError, QtrainError, RecipeError
 from qtrain.models import build_model
 from qtrain.models.base import GNNModel
 from qtrain.recipe import Recipe
@@ -74,6 +74,21 @@ def check_mode(recipe: Recipe, model: GNNModel) -> None:
         )
 
 
+def check_trainable(name: str, graph: Any) -> None:
+    """Refuse a graph a run could only report made-up numbers for: no nodes, or no node
+    to train on (the loss of an empty selection is NaN)."""
+    from qtrain.data.base import TRAIN_MASK
+
+    if graph.num_nodes() == 0:
+        raise DatasetError(f"dataset {name!r} has no nodes; there is nothing to train")
+    mask = graph.ndata.get(TRAIN_MASK)
+    if mask is not None and not bool(mask.any()):
+        raise DatasetError(
+            f"dataset {name!r} has no training nodes (its {TRAIN_MASK} is all false); "
+            "give some nodes a true train_mask"
+        )
+
+
 def check_dgl_device(device: torch.device) -> None:
     """Fail early (before the run directory exists) if DGL cannot place graphs on ``device``."""
     dgl = import_dgl()
@@ -112,6 +127,7 @@ def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]
             stack.enter_context(dgl_threads(train.threads))
         seed_everything(train.seed)
         dataset = load_dataset(recipe.dataset.name, recipe.dataset.options)
+        check_trainable(recipe.dataset.name, dataset.graph)
         seed_everything(train.seed)  # the model's weights do not depend on how the data was made
         model = build_model(recipe.model, dataset)
         check_mode(recipe, model)

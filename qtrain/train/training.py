@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from qtrain import route
+from qtrain.errors import RunDiverged
 from qtrain.models.base import GNNModel
 from qtrain.ops import dispatch
 from qtrain.plugin import PluginContext, activated
@@ -123,6 +124,11 @@ def train_prepared(
             )
             trainer.run(state)
         summary["status"] = "completed"
+    except RunDiverged as exc:
+        summary["status"] = "diverged"
+        summary["error"] = str(exc)
+        _attach_run_dir(exc, run.path)
+        raise
     except KeyboardInterrupt as exc:
         summary["status"] = "interrupted"
         _attach_run_dir(exc, run.path)

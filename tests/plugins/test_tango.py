@@ -229,6 +229,22 @@ def test_unsupported_variants_run_dgl_fp32_and_are_counted() -> None:
     assert "spmm: reducer 'max'" in session.report()["tango"]["fp32_calls"]
 
 
+@pytest.mark.parametrize("plugin", ["tango", "exact", "trace"])
+def test_a_sparse_operand_stays_float32(plugin: str) -> None:
+    """A hand-written GCN multiplies by a torch.sparse adjacency: plugins leave that product
+    in float32 (it used to crash tango's cache on a tensor without storage)."""
+    adjacency = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.ones(3), (3, 3))
+    x = torch.randn(3, 4, requires_grad=True)
+    want = adjacency @ x
+    with qtrain.patch(plugin) as session:
+        got = adjacency @ x
+        got.sum().backward()
+    torch.testing.assert_close(got, want)
+    if plugin == "tango":
+        assert "gemm: sparse operand" in session.report()["tango"]["fp32_calls"]
+    assert x.grad is not None and torch.equal(x.grad, torch.ones(3, 1) @ torch.ones(1, 4))
+
+
 def test_empty_graph_and_zero_degree_nodes() -> None:
     g = dgl.graph(
         (torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)), num_nodes=4
