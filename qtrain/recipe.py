@@ -122,6 +122,12 @@ class OutputConfig:
     dir: str = option("runs", "parent folder of the run directories")
     name: str = option("", "run name prefix (default: the recipe file's name)")
     checkpoint: bool = option(True, "save the best-on-validation model")
+    checkpoint_every: int = option(
+        10,
+        "epochs between writes of the best model so far (0: only when the run ends)",
+        min=0,
+        max=1_000_000,
+    )
 
     def validate(self) -> None:
         # the run directory is <dir>/<name>-<time>: a name must not lead out of dir

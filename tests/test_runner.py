@@ -466,3 +466,29 @@ def test_a_graph_without_training_nodes_is_refused_before_a_run_starts(tmp_path:
     with pytest.raises(DatasetError, match="no training nodes"):
         execute(r, reporter=Reporter())
     assert not (tmp_path / "runs").exists()
+
+
+class _CheckpointWatch(Reporter):
+    """Notes, at each epoch, whether checkpoint.pt exists and which epoch it holds."""
+
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+        self.seen: dict[int, int | None] = {}
+
+    def start(self, info: RunStart) -> None:
+        self.run_dir = Path(info.run_dir)
+
+    def epoch(self, record: dict[str, Any]) -> None:
+        assert self.run_dir is not None
+        path = self.run_dir / "checkpoint.pt"
+        held = torch.load(path, weights_only=False)["epoch"] if path.exists() else None
+        self.seen[record["epoch"]] = held
+
+
+def test_the_best_model_is_written_every_few_epochs(tmp_path: Path) -> None:
+    """A run killed outright (SIGKILL) keeps the best model of its last checkpoint epoch."""
+    watch = _CheckpointWatch()
+    execute(recipe(tmp_path, train={"epochs": 7}, output={"checkpoint_every": 3}), reporter=watch)
+    assert watch.seen[1] is None and watch.seen[2] is None
+    assert watch.seen[3] is not None and watch.seen[3] <= 3
+    assert watch.seen[6] is not None and watch.seen[6] <= 6

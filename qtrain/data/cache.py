@@ -41,7 +41,9 @@ def save_arrays(folder: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[st
     tmp: Path | None = None
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        remove_abandoned(folder)
+        prefix = f".{folder.name}.tmp-{os.getpid()}-"  # the writer's pid: see remove_abandoned
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
         shapes = {}
         for key, array in arrays.items():
             np.save(tmp / f"{key}.npy", np.ascontiguousarray(array), allow_pickle=False)
@@ -61,6 +63,29 @@ def save_arrays(folder: Path, arrays: Mapping[str, np.ndarray], meta: Mapping[st
             shutil.rmtree(tmp, ignore_errors=True)
         warnings.warn(f"could not write the dataset cache {folder}: {exc}", stacklevel=2)
         return False
+
+
+def remove_abandoned(folder: Path) -> list[Path]:
+    """Remove the temporary folders that writers of ``folder`` left when they were killed
+    mid-write (a SIGKILL skips every cleanup); a writer still alive keeps its own."""
+    removed = []
+    for tmp in folder.parent.glob(f".{folder.name}.tmp-*"):
+        pid = tmp.name.removeprefix(f".{folder.name}.tmp-").split("-", 1)[0]
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def load_arrays(folder: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:

@@ -14,7 +14,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +48,7 @@ class TrainState:
     stopped_early: bool = False
     last_loss: float | None = None
     diverged_at: int | None = None  # the epoch whose loss or parameters were not finite
+    checkpointed_epoch: int | None = None  # the best epoch whose weights are on disk
 
     def summary(self) -> dict[str, Any]:
         """The summary fields this state determines."""
@@ -124,6 +125,10 @@ def repeatable_batches(loader: Any) -> Iterator[Any]:
 
 class Trainer:
     """Trains ``model`` on ``graph`` (already through ``model.prepare_graph``) as ``config`` says."""
+
+    # set by the run (qtrain.train.training): write the best model every N epochs
+    checkpoint_every: int = 0
+    save_checkpoint: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -240,6 +245,16 @@ class Trainer:
 
     # --- the run -------------------------------------------------------------
 
+    def _checkpoint_now(self, epoch: int, state: TrainState) -> None:
+        """Every ``checkpoint_every`` epochs, put a newer best model on disk: a run killed
+        outright (SIGKILL, a lost machine) keeps it."""
+        every, save = self.checkpoint_every, self.save_checkpoint
+        if save is None or not every or epoch % every:
+            return
+        if state.best_epoch is not None and state.best_epoch != state.checkpointed_epoch:
+            save()
+            state.checkpointed_epoch = state.best_epoch
+
     def _check_finite(self, epoch: int, loss: float, state: TrainState) -> None:
         """Stop a run whose loss or parameters are no longer finite: it would go on
         reporting accuracies it did not earn. The epoch is recorded without numbers."""
@@ -306,6 +321,7 @@ class Trainer:
             state.last_loss = loss
             if self.run_dir is not None:
                 self.run_dir.append_metrics(record)
+            self._checkpoint_now(epoch, state)
             self.reporter.epoch(record)
             if cfg.patience and state.evals_without_improvement >= cfg.patience:
                 state.stopped_early = True

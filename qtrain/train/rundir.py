@@ -7,9 +7,11 @@ checkpoint are replaced atomically (written beside, then renamed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -80,17 +82,25 @@ class RunDir:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._metrics: IO[str] | None = None
+        self._metrics: IO[bytes] | None = None
 
     def write_recipe(self, text: str) -> None:
         write_atomic(self.path / RECIPE, text)
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        """Append one epoch's line and flush it to the OS."""
+        """Append one epoch's line and flush it to the OS; a write that fails (a full disk)
+        is cut back off, so the file never ends with half a line."""
+        line = (to_json(record) + "\n").encode("utf-8")
         if self._metrics is None:
-            self._metrics = open(self.path / METRICS, "a", encoding="utf-8")  # noqa: SIM115
-        self._metrics.write(to_json(record) + "\n")
-        self._metrics.flush()
+            self._metrics = open(self.path / METRICS, "ab")  # noqa: SIM115
+        end = self._metrics.tell()
+        try:
+            self._metrics.write(line)
+            self._metrics.flush()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._metrics.truncate(end)
+            raise OSError(exc.errno, f"{self.path / METRICS}: {exc.strerror or exc}") from None
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_atomic(
@@ -98,9 +108,22 @@ class RunDir:
         )
 
     def write_checkpoint(self, state: dict[str, Any]) -> None:
+        """Replace the checkpoint atomically; on failure the previous one stays, the temporary
+        file goes, and the error names the cause (torch.save reports a full disk only as
+        "unexpected pos")."""
         tmp = self.path / f".{CHECKPOINT}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.path / CHECKPOINT)
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, self.path / CHECKPOINT)
+        except (OSError, RuntimeError) as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            free = shutil.disk_usage(self.path).free
+            cause = "the disk is full" if free < 64 * 2**20 else f"{type(exc).__name__}: {exc}"
+            raise OSError(
+                f"could not write {self.path / CHECKPOINT} ({cause}; {free} bytes free); "
+                "the previous checkpoint is kept"
+            ) from exc
 
     def close(self) -> None:
         if self._metrics is not None:

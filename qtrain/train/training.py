@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from qtrain import route
-from qtrain.errors import RunDiverged
+from qtrain.errors import RunDiverged, RunFailed
 from qtrain.models.base import GNNModel
 from qtrain.ops import dispatch
 from qtrain.plugin import PluginContext, activated
@@ -87,6 +87,7 @@ def train_prepared(
     }
     run.write_summary(summary)
     state = TrainState()
+    checkpoint_error: str | None = None
     session: Any = None
     trainer: Trainer | None = None
     dispatch.reset()  # the run's `kernels` table counts this run's calls only
@@ -110,6 +111,11 @@ def train_prepared(
                 run=run,
                 reporter=reporter,
             )
+            if recipe.output.checkpoint:
+                trainer.checkpoint_every = recipe.output.checkpoint_every
+                trainer.save_checkpoint = lambda: run.write_checkpoint(
+                    _checkpoint(recipe, dataset, state)
+                )
             reporter.start(
                 RunStart(
                     name=recipe.name,
@@ -162,19 +168,32 @@ def train_prepared(
                 summary["plugin_reports"] = {"error": f"{type(exc).__name__}: {exc}"}
         summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if recipe.output.checkpoint and state.best_state is not None:
-            run.write_checkpoint(
-                {
-                    "model_state": state.best_state,
-                    "epoch": state.best_epoch,
-                    "metric": dataset.metric,
-                    "val_acc": state.best_val,
-                    "test_acc": state.best_test,
-                    "model": recipe.model.name,
-                    "recipe": resolve_toml(recipe),
-                }
-            )
-            summary["checkpoint"] = str(run.path / "checkpoint.pt")
+            try:
+                if state.best_epoch != state.checkpointed_epoch:
+                    run.write_checkpoint(_checkpoint(recipe, dataset, state))
+                summary["checkpoint"] = str(run.path / "checkpoint.pt")
+            except OSError as exc:  # the summary still gets written, naming the cause
+                checkpoint_error = str(exc)
+                summary["checkpoint_error"] = checkpoint_error
+                if summary["status"] == "completed":
+                    summary["status"] = "failed"
+                    summary["error"] = checkpoint_error
         run.write_summary(summary)
         run.close()
         reporter.finish(summary)
+    if checkpoint_error is not None:
+        raise RunFailed(checkpoint_error)
     return summary
+
+
+def _checkpoint(recipe: Recipe, dataset: Any, state: TrainState) -> dict[str, Any]:
+    """What checkpoint.pt holds: the best model so far and what it scored."""
+    return {
+        "model_state": state.best_state,
+        "epoch": state.best_epoch,
+        "metric": dataset.metric,
+        "val_acc": state.best_val,
+        "test_acc": state.best_test,
+        "model": recipe.model.name,
+        "recipe": resolve_toml(recipe),
+    }
