@@ -139,12 +139,66 @@ def check_launchable(recipe: Recipe) -> None:
         )
 
 
+WORKERS_PER_CORE = 4  # workers on one machine share its cores; beyond this they only wait
+WORKER_MEMORY = 512 * 2**20  # what a worker costs before its share of the graph (measured)
+
+
+def check_local_capacity(world: int) -> None:
+    """Refuse to start more workers on this machine than its cores and memory can hold
+    (64 workers on 2 cores once ran the machine out of memory); torchrun across machines
+    starts its own workers and is not limited here."""
+    cores = os.cpu_count() or 1
+    limit = WORKERS_PER_CORE * cores
+    available = _available_memory()
+    if available is not None:
+        limit = min(limit, max(1, available // WORKER_MEMORY))
+    if world > limit:
+        raise RecipeError(
+            f"distributed.world_size = {world}: this machine ({cores} cores, "
+            f"{'unknown' if available is None else f'{available / 2**30:.1f} GiB'} available "
+            f"memory) can hold at most {limit} workers; use fewer, or torchrun across machines"
+        )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def close_summary(path: Path, status: str, why: str) -> None:
+    """Give a summary rank 0 left "running" its real ending. Rank 0 writes it itself when
+    it can; it cannot when it was killed, or stopped inside a collective whose peer had
+    already gone (a signal waits until the C call returns). metrics.jsonl and the last
+    periodic checkpoint hold what it had finished."""
+    import json
+
+    file = path / "summary.json"
+    try:
+        summary = json.loads(file.read_text())
+    except (OSError, ValueError):
+        summary = {"run_dir": str(path)}
+    if summary.get("status") not in (None, "running"):
+        return
+    summary["status"] = status
+    summary["error"] = f"{why}; rank 0 was stopped before it wrote its summary"
+    with contextlib.suppress(OSError):
+        RunDir(path).write_summary(summary)
+
+
 def launch(recipe: Recipe) -> dict[str, Any]:
     """Start ``world_size`` workers here, wait for them, and return rank 0's summary."""
     import json
 
     check_launchable(recipe)
     world = recipe.distributed.world_size
+    check_local_capacity(world)
     path = create_run_dir(recipe.output.dir, recipe.name)
     run = RunDir(path)
     run.write_recipe(resolve_toml(recipe))
@@ -194,12 +248,15 @@ def launch(recipe: Recipe) -> dict[str, Any]:
                     + (f": {said}" if said else f" (see {path / f'worker-{rank}.log'})")
                     + f"; the other workers were stopped and {path} keeps what rank 0 wrote"
                 )
+                close_summary(path, "failed", message)
                 raise (QtrainError if code == EXIT_BAD_INPUT else RunFailed)(message)
             if all(c == 0 for c in codes):
                 break
             time.sleep(0.2)
-    except BaseException:
+    except BaseException as exc:
         _stop(procs)
+        if isinstance(exc, KeyboardInterrupt):
+            close_summary(path, "interrupted", "stopped by a signal")
         raise
     finally:
         if forwarder is not None:

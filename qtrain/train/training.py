@@ -154,19 +154,9 @@ def train_prepared(
         )
         summary["process_peak_memory_bytes"], _ = peak_memory(device)
         summary["kernels"] = dispatch.snapshot()
-        report = getattr(trainer, "report", None)
-        if callable(report):
-            try:
-                summary["distributed"] = report()
-            except Exception as exc:  # a report must not hide the run's own outcome
-                summary["distributed"] = {"error": f"{type(exc).__name__}: {exc}"}
         summary["kernel_fallbacks"] = dispatch.fallbacks()
-        if session is not None:
-            try:
-                summary["plugin_reports"] = session.report()
-            except Exception as exc:  # a report must not hide the run's own outcome
-                summary["plugin_reports"] = {"error": f"{type(exc).__name__}: {exc}"}
-        summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        # the checkpoint and the summary first: a distributed report below waits on the
+        # other workers, and an interrupted or killed peer may never answer
         if recipe.output.checkpoint and state.best_state is not None:
             try:
                 if state.best_epoch != state.checkpointed_epoch:
@@ -178,6 +168,19 @@ def train_prepared(
                 if summary["status"] == "completed":
                     summary["status"] = "failed"
                     summary["error"] = checkpoint_error
+        run.write_summary(summary)
+        report = getattr(trainer, "report", None)
+        if callable(report) and summary["status"] != "interrupted":  # peers stop anywhere
+            try:
+                summary["distributed"] = report()
+            except Exception as exc:  # a report must not hide the run's own outcome
+                summary["distributed"] = {"error": f"{type(exc).__name__}: {exc}"}
+        if session is not None:
+            try:
+                summary["plugin_reports"] = session.report()
+            except Exception as exc:  # a report must not hide the run's own outcome
+                summary["plugin_reports"] = {"error": f"{type(exc).__name__}: {exc}"}
+        summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         run.write_summary(summary)
         run.close()
         reporter.finish(summary)

@@ -517,3 +517,68 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/status")
     return not (status.exists() and "State:\tZ" in status.read_text())
+
+
+def test_more_local_workers_than_the_machine_holds_are_refused(tmp_path: Path) -> None:
+    from qtrain.distributed.launch import WORKERS_PER_CORE
+    from qtrain.errors import RecipeError
+    from qtrain.recipe import build_recipe
+    from qtrain.runner import execute
+    from qtrain.train.progress import Reporter
+
+    too_many = WORKERS_PER_CORE * (os.cpu_count() or 1) + 1
+    raw = {
+        "model": {"name": "gcn", "hidden": 8},
+        "dataset": {"name": "synthetic-small", "nodes": 300},
+        "train": {"epochs": 1},
+        "distributed": {"world_size": too_many},
+        "output": {"dir": str(tmp_path / "runs")},
+    }
+    with pytest.raises(RecipeError, match=rf"world_size = {too_many}: this machine .* at most"):
+        execute(build_recipe(raw, "many"), reporter=Reporter())
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_distributed_run_keeps_its_summary_and_checkpoint(
+    recipe: Path, how: str
+) -> None:
+    """Ctrl-C reaches the launcher and every worker (one process group), and the launcher
+    then SIGTERMs the workers; SIGTERM (a scheduler) reaches the launcher only. Either way
+    the summary ends "interrupted" (written by rank 0, or by the launcher when rank 0 was
+    stuck in a collective whose peer had gone) and the last checkpoint stays."""
+    env = {**os.environ, "QTRAIN_DATA_DIR": str(recipe.parent / "data")}
+    sets = ["--set", "distributed.world_size=2", "--set", "train.epochs=1000000"]
+    sets += ["--set", "output.checkpoint_every=1"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "qtrain", "run", str(recipe), *sets],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a shell gives a command
+    )
+    try:
+        runs = recipe.parent / "runs"
+        deadline = time.monotonic() + 300
+        metrics: list[Path] = []
+        while time.monotonic() < deadline:  # wait until rank 0 has evaluated twice
+            metrics = list(runs.glob("*/metrics.jsonl"))
+            if metrics and len(metrics[0].read_text().splitlines()) >= 2:
+                break
+            assert launcher.poll() is None, launcher.communicate()[1]
+            time.sleep(0.2)
+        assert metrics, "rank 0 never wrote an epoch"
+        if how == "ctrl-c":
+            os.killpg(launcher.pid, signal.SIGINT)
+        else:
+            launcher.send_signal(signal.SIGTERM)
+        _, err = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 130, err[-2000:]
+    run_dir = metrics[0].parent
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary.get("error")
+    assert (run_dir / "checkpoint.pt").exists()
