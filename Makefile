@@ -6,7 +6,7 @@ DEPS   := $(VENV)/.stamp-deps
 BUILT  := $(VENV)/.stamp-build
 EXT_SOURCES := $(wildcard ext/*.cpp ext/*/*.cpp ext/*/*.h ext/*/*.cu ext/*/*.cuh) setup.py pyproject.toml
 
-.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check cuda-build torch-range gpu-check clean
+.PHONY: setup build run test test-fast lint doctor bench bench-quick cuda-check cuda-build torch-range gpu-check gpu-wheels clean
 
 setup: $(BUILT)
 
@@ -84,6 +84,28 @@ cuda-build: $(CUDA_VENV)/.stamp-cuda
 # 10 GB of environments under ~/.cache/qtrain/torch-range, made once; not run by CI.
 torch-range:
 	$(PYTHON) ext/torch_range.py
+
+# Wheels for the lent GPU machine (Python 3.12, no network, no DGL): DGL's CPU wheel and, from
+# what it declares, torchdata (never imported: qtrain stubs dgl.graphbolt) and the small
+# packages that `import dgl` imports, as a fallback (the GPU image has them), at
+# requirements.lock's versions, into .gpu/wheels (about 11 MB). A session carries .gpu to the
+# GPU machine (the device tool's run with carry [".gpu"]); there bench/gpu.py installs them
+# before its end-to-end stage when `import dgl` fails. pandas, scipy, numpy and requests come
+# from the image; pyyaml and pydantic are not needed (dgl imports them only in CSVDataset).
+GPU_WHEELS  := .gpu/wheels
+GPU_PYTHON  := 3.12
+GPU_PKGS    := $(shell grep -iE '^(dgl|torchdata|packaging|networkx|psutil|tqdm)==' requirements.lock)
+
+$(GPU_WHEELS)/.complete: requirements.lock Makefile
+	rm -rf $(GPU_WHEELS)
+	mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download --isolated --quiet --no-deps --only-binary=:all: \
+		--python-version $(GPU_PYTHON) --implementation cp --platform manylinux2014_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 -d $(GPU_WHEELS) $(GPU_PKGS)
+	@du -sh $(GPU_WHEELS)
+	@touch $@
+
+gpu-wheels: $(GPU_WHEELS)/.complete
 
 # on a GPU machine (python3 there has CUDA torch): a clean in-place build whose error path
 # is proven (with the system compiler if the default one gives a build that crashes on a

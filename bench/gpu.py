@@ -12,8 +12,13 @@ this script does everything in order and writes what it has after each stage:
 4. time every kernel against the baselines a GPU user would pick
    (``bench/gpu_tango.py``: quantize, INT8 GEMM, SpMM, SDDMM; ``bench/gpu_compress.py``:
    exact's and adaqp's per-row quantization, packing and projection);
-5. time a GCN epoch end to end through the ops with the graph as CSR tensors
-   (``bench/gpu_e2e.py``), against FP32 and bf16 torch;
+5. train qtrain's built-in GCN, GAT and GraphSAGE end to end through the device
+   route (``bench/gpu_e2e.py``: FP32, bf16 autocast, tango, exact, tango + exact,
+   beside PyG's GCNConv / GATConv / SAGEConv in FP32 and bf16; epoch time, peak GPU
+   memory, test accuracy) on synthetic-arxiv (``--quick``), then synthetic-products.
+   The GPU machine has no DGL: when ``import dgl`` fails there, DGL's CPU wheel and
+   the packages it needs are installed first from ``.gpu/wheels`` (``pip install
+   --no-index``; the log beside the report), and a failure is that stage's error;
 
 then prints the issue's bars with PASS / FAIL and writes
 ``bench/results/gpu-<device>-<date>.json`` (or ``--json``) with the exact
@@ -22,6 +27,20 @@ command, the device, torch and CUDA versions.
     python bench/gpu.py                 # everything, full sizes
     python bench/gpu.py --quick         # smaller sizes (a few minutes)
     python bench/gpu.py --skip-build    # the extension is already built
+
+From a session with a lent GPU (the device tool; only ``$OUT`` comes back):
+
+    make gpu-wheels                     # here, where pip can download: .gpu/wheels, ~11 MB
+    run(carry=[".gpu"], command="timeout 560 make gpu-check; cp bench/results/gpu-* $OUT/")
+
+``make gpu-check`` is ``python3 bench/gpu.py``, full sizes. The products-scale
+end-to-end rows (generating the graph, then 21 trainings over 124 M edges) may
+not fit in one ten-minute call after the build and the tests (not measured
+yet); then run ``python3 bench/gpu.py --quick`` (arxiv scale) in one call and
+``python3 bench/gpu_e2e.py --size products --json $OUT/e2e-products.json`` in
+the next one, while the machine is still warm (the in-place build and the
+installed DGL are still there; on a fresh one it installs DGL the same way,
+but needs the build).
 """
 
 from __future__ import annotations
@@ -49,6 +68,11 @@ sys.path.insert(0, str(ROOT))
 
 
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
+# DGL for the end-to-end stage on a GPU machine without it: `make gpu-wheels` downloads the
+# wheels (dgl's CPU build, what it declares); pip resolves the rest against what is installed.
+# pandas and packaging are what dgl imports without declaring them.
+GPU_WHEELS = ROOT / ".gpu" / "wheels"
+DGL_REQUIREMENTS = ("dgl==2.1.0", "pandas", "packaging")
 # the tests with CUDA cases that need no DGL (the GPU machine has none): each op on the GPU
 # against its reference, opcheck and its error paths, and the Python fronts' dispatch there
 TESTS = (
@@ -89,6 +113,81 @@ def check(log: Path) -> dict[str, Any]:
         "summary": lines[-1] if lines else "",
         "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))][:50],
     }
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the report shows it: from the checkout's root when it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _dgl_imports() -> subprocess.CompletedProcess[str]:
+    """``import dgl`` as qtrain makes it (``qtrain._compat``), in a fresh interpreter: this
+    process must not import DGL before it is there (qtrain's adaptations run once)."""
+    code = "from qtrain._compat import import_dgl; print(import_dgl().__version__)"
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+
+
+def ensure_dgl(log: Path) -> dict[str, Any]:
+    """DGL for the end-to-end stage: there already, or installed from ``.gpu/wheels``.
+
+    Returns what was done; an ``error`` key says why DGL is not importable.
+    """
+    found = _dgl_imports()
+    if found.returncode == 0:
+        return {"installed": False, "dgl": found.stdout.strip()}
+    why = (found.stderr.strip().splitlines() or ["?"])[-1]
+    if not GPU_WHEELS.is_dir():
+        return {
+            "error": f"import dgl fails ({why}) and {_shown(GPU_WHEELS)} does not "
+            "exist: run `make gpu-wheels` where pip can download, and carry .gpu along"
+        }
+    cmd = [
+        sys.executable,
+        *("-m", "pip", "install", "--isolated", "--no-index", "--no-cache-dir"),
+        *("--find-links", str(GPU_WHEELS), *DGL_REQUIREMENTS),
+    ]
+    print(f"dgl: not importable ({why}); {shlex.join(cmd)}", flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    log.write_text(f"$ {shlex.join(cmd)}\n{done.stdout}{done.stderr}")
+    result: dict[str, Any] = {
+        "installed": done.returncode == 0,
+        "command": shlex.join(cmd),
+        "returncode": done.returncode,
+        "seconds": round(time.perf_counter() - start, 1),
+        "log": str(log),
+    }
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        result["error"] = f"pip install from {_shown(GPU_WHEELS)} failed: {last}"
+        return result
+    found = _dgl_imports()
+    if found.returncode != 0:
+        last = (found.stderr.strip().splitlines() or ["?"])[-1]
+        result["error"] = f"import dgl still fails after the install: {last}"
+        return result
+    importlib.invalidate_caches()  # this process imports the new packages next
+    result["dgl"] = found.stdout.strip()
+    print(f"dgl: {result['dgl']} installed in {result['seconds']} s", flush=True)
+    return result
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    if row.get("ms") is None:
+        print(f"{row['case']:48} {'-':>9}     {row.get('status', '')}", flush=True)
+        return
+    ratio = "" if row.get("ratio") is None else f"{row['ratio']:.2f}x vs {row['baseline']}"
+    if row.get("ratio_vs_pyg_fp32") is not None:
+        ratio += f", {row['ratio_vs_pyg_fp32']:.2f}x vs PyG FP32"
+    frac = (
+        "" if row.get("bw_fraction") is None else f"  {100 * row['bw_fraction']:.0f}% of bandwidth"
+    )
+    extra = ""
+    if row.get("peak_memory_bytes") is not None:
+        extra += f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB"
+    if row.get("test_acc") is not None:
+        extra += f"  test acc {row['test_acc']:.3f}"
+    print(f"{row['case']:48} {row['ms']:9.3f} ms  {ratio}{frac}{extra}", flush=True)
 
 
 # (bar, kernel cases (name prefixes), baseline names (None: any), metric, at least)
@@ -221,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     record["ext_cuda"] = backends.status()["ext-cuda"]
-    import_builtin_plugins()  # bench/gpu_e2e trains through tango's autograd functions
+    import_builtin_plugins()  # the benchmarks time the built-in plugins' autograd functions
     record["stages"]["check"] = check(path.with_suffix(".check.log"))
     print(f"check: {record['stages']['check']['summary']}", flush=True)
     record["bandwidth_gbps"] = copy_bandwidth_gbps()
@@ -231,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
     write_json(path, record)
     failed = False
     for stage in STAGES:
+        if stage == "gpu_e2e":
+            record["stages"]["dgl"] = ensure_dgl(path.with_suffix(".dgl.log"))
+            if "error" in record["stages"]["dgl"]:
+                failed = True
+                record["stages"][stage] = {"error": record["stages"]["dgl"]["error"]}
+                print(f"{stage}: FAILED {record['stages'][stage]['error']}", file=sys.stderr)
+                write_json(path, record)
+                continue
         start = time.perf_counter()
         try:
             rows = importlib.import_module(stage).run(args.quick)
@@ -241,23 +348,16 @@ def main(argv: list[str] | None = None) -> int:
                 "trace": traceback.format_exc(),
             }
             print(f"{stage}: FAILED {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            rows = getattr(exc, "rows", None) or []  # what a stage measured before it failed
         else:
             record["stages"][stage] = {
                 "seconds": round(time.perf_counter() - start, 1),
                 "rows": len(rows),
             }
-            for row in rows:
-                row = {"stage": stage, **row}
-                record["rows"].append(row)
-                ratio = (
-                    "" if row.get("ratio") is None else f"{row['ratio']:.2f}x vs {row['baseline']}"
-                )
-                frac = (
-                    ""
-                    if row.get("bw_fraction") is None
-                    else f"  {100 * row['bw_fraction']:.0f}% of bandwidth"
-                )
-                print(f"{row['case']:48} {row['ms']:9.3f} ms  {ratio}{frac}", flush=True)
+        for row in rows:
+            row = {"stage": stage, **row}
+            record["rows"].append(row)
+            _print_row(row)
         write_json(path, record)
     record["bars"] = bars(record["rows"])
     write_json(path, record)

@@ -12,6 +12,7 @@ fits, halving the index traffic of the gathers.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections import OrderedDict
@@ -129,33 +130,25 @@ _CPU = torch.device("cpu")
 class _CSRCache:
     """GraphCSR of the most recently used graphs, per relation and device.
 
-    Two keys lead to an entry. The graph-index object itself (held weakly, so
-    a freed index whose ``id`` is reused cannot hit): a hit costs no call into
-    DGL. And, for the CPU views, the addresses and sizes of the relation's COO
-    source and destination arrays: DGL hands the primitives a different
-    graph-index object from layer to layer and epoch to epoch, but one graph's
-    COO arrays stay where they are. Only arrays whose edge ids are 0..E-1 in
-    COO order are entered under their addresses (checked once, on a miss), and
+    Two keys lead to an entry. The graph-index object itself (held weakly, and
+    dropped when that object is freed, so a reused ``id`` cannot hit): a hit costs
+    no call into DGL. And the addresses and sizes of the relation's COO source
+    and destination arrays: DGL hands the primitives a new graph-index object for
+    the same graph in places (``g[etype]`` in HeteroGraphConv, blocks), but one
+    graph's COO arrays stay where they are. Only arrays whose edge ids are 0..E-1
+    in COO order are entered under their addresses (checked once, on a miss), and
     the entry holds the arrays, so their memory cannot be freed and reused by
-    another graph while it exists. A device's views are the CPU views copied
-    once. Only the last few graphs are kept, which covers full-graph training
-    (one graph) and mini-batch training (one block per layer per step).
+    another graph while it exists. A device's views are the CPU views copied once
+    per such entry, so a new index object of a known graph costs no copy. Only the
+    last few graphs are kept, which covers full-graph training (one graph) and
+    mini-batch training (one block per layer per step).
     """
 
     def __init__(self, capacity: int = 16) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: a weakref callback may run inside get
         self._capacity = capacity
-        self._by_arrays: OrderedDict[tuple[Any, ...], tuple[Any, GraphCSR]] = OrderedDict()
+        self._by_arrays: OrderedDict[tuple[Any, ...], _ArraysEntry] = OrderedDict()
         self._by_index: OrderedDict[tuple[Any, ...], tuple[Any, GraphCSR]] = OrderedDict()
-
-    @staticmethod
-    def _remember(
-        table: OrderedDict, key: tuple[Any, ...], entry: tuple[Any, GraphCSR], capacity: int
-    ) -> None:
-        table[key] = entry
-        table.move_to_end(key)
-        while len(table) > capacity:
-            table.popitem(last=False)
 
     def get(self, gidx: Any, etype: int = 0, device: torch.device | str | None = None) -> GraphCSR:
         device = _CPU if device is None else torch.device(device)
@@ -165,32 +158,56 @@ class _CSRCache:
             if entry is not None and entry[0]() is gidx:
                 self._by_index.move_to_end(index_key)
                 return entry[1]
-        csr = self._cpu_views(gidx, etype)
-        if device != _CPU:
-            csr = csr.to(device)
+        csr = self._views(gidx, etype, device)
         with self._lock:
-            self._remember(self._by_index, index_key, (weakref.ref(gidx), csr), self._capacity * 4)
+            drop = functools.partial(self._forget, index_key)
+            self._by_index[index_key] = (weakref.ref(gidx, drop), csr)
+            self._by_index.move_to_end(index_key)
+            while len(self._by_index) > self._capacity * 4:
+                self._by_index.popitem(last=False)
         return csr
 
-    def _cpu_views(self, gidx: Any, etype: int) -> GraphCSR:
+    def _forget(self, index_key: tuple[Any, ...], _ref: Any) -> None:
+        with self._lock:
+            entry = self._by_index.get(index_key)
+            if entry is not None and entry[0] is _ref:
+                del self._by_index[index_key]
+
+    def _views(self, gidx: Any, etype: int, device: torch.device) -> GraphCSR:
         src, dst, eid, num_src, num_dst = _coo(gidx, etype)
         key = (src.data_ptr(), dst.data_ptr(), src.numel(), num_src, num_dst)
         with self._lock:
             entry = self._by_arrays.get(key)
             if entry is not None:
                 self._by_arrays.move_to_end(key)
-                return entry[1]
-        if src.numel() and not torch.equal(eid, torch.arange(src.numel(), device=eid.device)):
-            return csr_from_coo(src, dst, eid, num_src, num_dst)  # permuted ids: not cached
-        csr = csr_from_coo(src, dst, eid, num_src, num_dst)
+        if entry is None:
+            csr = csr_from_coo(src, dst, eid, num_src, num_dst)
+            if src.numel() and not torch.equal(eid, torch.arange(src.numel())):
+                return csr if device == _CPU else csr.to(device)  # permuted ids: not cached
+            entry = _ArraysEntry((src, dst), csr, {})
+            with self._lock:
+                self._by_arrays[key] = entry
+                while len(self._by_arrays) > self._capacity:
+                    self._by_arrays.popitem(last=False)
+        if device == _CPU:
+            return entry.csr
         with self._lock:
-            self._remember(self._by_arrays, key, ((src, dst), csr), self._capacity)
-        return csr
+            moved = entry.on_device.get(device)
+            if moved is None:
+                moved = entry.on_device[device] = entry.csr.to(device)
+        return moved
 
     def clear(self) -> None:
         with self._lock:
             self._by_arrays.clear()
             self._by_index.clear()
+
+
+@dataclass
+class _ArraysEntry:
+    arrays: tuple[torch.Tensor, torch.Tensor]  # held so that their memory is not reused
+    csr: GraphCSR  # the CPU views
+    on_device: dict[torch.device, GraphCSR]  # the same views copied to each device once
 
 
 CSR_CACHE = _CSRCache()

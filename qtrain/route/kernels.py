@@ -62,36 +62,46 @@ def _csr_product(
     compute = torch.float32 if x.dtype in _HALF else x.dtype
     if values is None:
         values = torch.ones(indices.shape[0], dtype=compute, device=x.device)
-    with warnings.catch_warnings():
+    # autocast would cast the float32 operands back down (and MKL has no bf16 CSR product)
+    with torch.autocast(x.device.type, enabled=False), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
         matrix = torch.sparse_csr_tensor(
             indptr, indices, values.to(compute), shape, check_invariants=False
         )
-    return (matrix @ x.to(compute).contiguous()).to(x.dtype)
+        return (matrix @ x.to(compute).contiguous()).to(x.dtype)
 
 
 def _edge_dot(csr: GraphCSR, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``[E]``: sum over features of ``dy[dst(e)] * x[src(e)]`` (a weight's gradient)."""
     src, dst = csr.src.long(), csr.dst.long()
-    out = torch.empty(csr.num_edges, dtype=dy.dtype, device=dy.device)
+    out = torch.empty(csr.num_edges, dtype=torch.float32, device=dy.device)
     step = max(1, _CHUNK_ELEMENTS // max(1, dy.shape[1]))
     for start in range(0, csr.num_edges, step):
         end = min(start + step, csr.num_edges)
-        rows_dy = dy.index_select(0, dst[start:end])
-        rows_x = x.index_select(0, src[start:end]).to(dy.dtype)
+        rows_dy = dy.index_select(0, dst[start:end]).float()
+        rows_x = x.index_select(0, src[start:end]).float()
         out[start:end] = (rows_dy * rows_x).sum(1)
     return out
 
 
 class _CSRMatmul(torch.autograd.Function):
-    """``out = A @ x`` with A the in-CSR of the graph, entries 1 or the edge ``weight``."""
+    """``out[:, h] = A_h @ x[:, h]`` for each head h, with A_h the in-CSR of the graph whose
+    entries are 1 (``weight`` None) or the edge weights ``weight[:, h]``.
+
+    ``x`` is ``[N_src, H, F]`` and ``weight`` ``[E, H]``: both are saved for backward in
+    these shapes, one row per node and per edge, as DGL's kernels save them (a plugin
+    that compresses saved tensors row by row, exact, sees the same rows)."""
 
     @staticmethod
     def forward(ctx, csr: GraphCSR, weight: torch.Tensor | None, x: torch.Tensor):  # type: ignore[override]
         ctx.csr = csr
         ctx.save_for_backward(weight, x)
-        values = None if weight is None else weight.index_select(0, csr.in_eids)
-        return _csr_product(csr.in_indptr, csr.in_indices, values, (csr.num_dst, csr.num_src), x)
+        heads = []
+        for h in range(x.shape[1]):
+            values = None if weight is None else weight[:, h].index_select(0, csr.in_eids)
+            shape = (csr.num_dst, csr.num_src)
+            heads.append(_csr_product(csr.in_indptr, csr.in_indices, values, shape, x[:, h]))
+        return torch.stack(heads, 1)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):  # type: ignore[override]
@@ -99,11 +109,15 @@ class _CSRMatmul(torch.autograd.Function):
         weight, x = ctx.saved_tensors
         dweight = dx = None
         if ctx.needs_input_grad[2]:
-            values = None if weight is None else weight.index_select(0, csr.out_eids)
-            shape = (csr.num_src, csr.num_dst)
-            dx = _csr_product(csr.out_indptr, csr.out_indices, values, shape, dy)
+            heads = []
+            for h in range(x.shape[1]):
+                values = None if weight is None else weight[:, h].index_select(0, csr.out_eids)
+                shape = (csr.num_src, csr.num_dst)
+                heads.append(_csr_product(csr.out_indptr, csr.out_indices, values, shape, dy[:, h]))
+            dx = torch.stack(heads, 1)
         if weight is not None and ctx.needs_input_grad[1]:
-            dweight = _edge_dot(csr, dy, x).to(weight.dtype)
+            columns = [_edge_dot(csr, dy[:, h], x[:, h]) for h in range(x.shape[1])]
+            dweight = torch.stack(columns, 1).to(weight.dtype)
         return None, dweight, dx
 
 
@@ -125,21 +139,16 @@ def _fast_spmm(
 ) -> torch.Tensor | None:
     """A summed SpMM as CSR products when it is a copy or scalar-weighted form."""
     if op == "copy_lhs" and lhs is not None:
-        flat = _CSRMatmul.apply(csr, None, lhs.reshape(lhs.shape[0], -1))
+        flat = _CSRMatmul.apply(csr, None, lhs.reshape(lhs.shape[0], 1, -1))
         return flat.reshape(csr.num_dst, *lhs.shape[1:])
     if op != "mul" or lhs is None or rhs is None or not lhs.is_floating_point():
         return None
     weights = _scalar_weights(lhs, rhs)
     if weights is None:
         return None
-    if weights.shape[1] == 1:
-        flat = _CSRMatmul.apply(csr, weights[:, 0], lhs.reshape(lhs.shape[0], -1))
-        return flat.reshape(csr.num_dst, *lhs.shape[1:])
-    heads = [
-        _CSRMatmul.apply(csr, weights[:, h], lhs[:, h].reshape(lhs.shape[0], -1))
-        for h in range(weights.shape[1])
-    ]
-    return torch.stack(heads, 1).reshape(csr.num_dst, *lhs.shape[1:])
+    heads = weights.shape[1]
+    out = _CSRMatmul.apply(csr, weights, lhs.reshape(lhs.shape[0], heads, -1))
+    return out.reshape(csr.num_dst, *lhs.shape[1:])
 
 
 # ---------------------------------------------------------------- messages
@@ -227,13 +236,36 @@ def sddmm(
     return _binary(op, left, right)
 
 
+class _GroupSoftmax(torch.autograd.Function):
+    """Softmax of ``scores`` within each group (``group[i]`` of row i). Saves only its
+    output, as DGL's edge softmax does: the gradient is ``y * (g - sum_group(y * g))``,
+    which needs nothing else, and a plugin compressing saved tensors (exact) then
+    compresses what it compresses under DGL's kernels."""
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, group: torch.Tensor, groups: int):  # type: ignore[override]
+        shape = (groups, *scores.shape[1:])
+        index = group.view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
+        top = scores.new_full(shape, float("-inf"))
+        top = top.scatter_reduce(0, index, scores, "amax", include_self=True)
+        exp = (scores - top.index_select(0, group)).exp()
+        total = scores.new_zeros(shape).index_add(0, group, exp)
+        out = exp / total.index_select(0, group)
+        ctx.save_for_backward(out, group)
+        ctx.groups = groups
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):  # type: ignore[override]
+        out, group = ctx.saved_tensors
+        weighted = out * dout
+        shape = (ctx.groups, *out.shape[1:])
+        per_group = weighted.new_zeros(shape).index_add(0, group, weighted)
+        return weighted - out * per_group.index_select(0, group), None, None
+
+
 def _softmax(scores: torch.Tensor, group: torch.Tensor, groups: int) -> torch.Tensor:
-    index = group.view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
-    top = scores.new_full((groups, *scores.shape[1:]), float("-inf"))
-    top = top.scatter_reduce(0, index, scores.detach(), "amax", include_self=True)
-    exp = (scores - top.index_select(0, group)).exp()
-    total = scores.new_zeros((groups, *scores.shape[1:])).index_add(0, group, exp)
-    return exp / total.index_select(0, group)
+    return _GroupSoftmax.apply(scores, group, groups)
 
 
 def edge_softmax(csr: GraphCSR, scores: torch.Tensor, norm_by: str = "dst") -> torch.Tensor:
