@@ -8,6 +8,7 @@ the traceback instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -148,8 +149,13 @@ def run(
         from qtrain.runner import execute
 
         loaded = _load_recipe(recipe, set_, "run")
-        with stdout_to_stderr():
-            return execute(loaded)
+        try:
+            with stdout_to_stderr():
+                return execute(loaded)
+        except BaseException as exc:
+            if as_json:  # the last line is the summary, however the run ended
+                _print_written_summary(getattr(exc, "run_dir", None))
+            raise
 
     summary = guarded(action, debug)
     if summary.get("distributed") and os.environ.get("RANK", "0") != "0":
@@ -165,6 +171,14 @@ def run(
         highlight=False,
     )
     out.print(f"run directory: {summary['run_dir']}", highlight=False)
+
+
+def _print_written_summary(run_dir: str | None) -> None:
+    """Print the summary.json a run that did not complete left, if it left one."""
+    if run_dir is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        _print_json(json.loads((Path(run_dir) / "summary.json").read_text()))
 
 
 @app.command()

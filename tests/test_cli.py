@@ -225,6 +225,14 @@ def test_version_needs_no_command() -> None:
     assert result.exit_code == 0 and result.stdout.strip().startswith("qtrain 0.")
 
 
+def test_json_prints_the_summary_of_a_run_that_did_not_complete(tiny_recipe: Path) -> None:
+    sets = ["--set", "train.lr=1e30", "--set", "train.epochs=20"]
+    result = runner.invoke(app, ["run", str(tiny_recipe), "--json", *sets])
+    assert result.exit_code == 1
+    summary = _json_last_line(result.stdout)
+    assert summary["status"] == "diverged" and summary["diverged_at"] is not None
+
+
 def test_a_diverging_run_exits_1_with_one_line(tiny_recipe: Path) -> None:
     result = runner.invoke(
         app, ["run", str(tiny_recipe), "--set", "train.lr=1e30", "--set", "train.epochs=20"]
