@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,11 @@ from typing import Any
 
 import pytest
 import torch
+
+# The runs here train in this process, so they get what the `qtrain` command sets up for
+# its own process (qtrain.cli.main): huge pages for torch's CPU allocator. Torch reads
+# this at its first allocation, which has not happened yet.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 def require_ext() -> ModuleType:
