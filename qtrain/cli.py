@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING
@@ -23,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from qtrain import __version__
+from qtrain import __version__, signals
 from qtrain.config import OptionInfo
 from qtrain.errors import QtrainError, RunFailed
 
@@ -491,24 +490,8 @@ def main() -> None:
     # where qtrain owns the process, not on `import qtrain`: a library import must not
     # change a user's allocator.
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    _stop_signals_interrupt()
+    signals.install()  # SIGTERM stops a run as Ctrl-C does (qtrain.signals)
     app()
-
-
-def _stop_signals_interrupt() -> None:
-    """SIGTERM (what schedulers, ``timeout`` and the distributed launcher send) stops a run
-    as Ctrl-C does: the summary says "interrupted", the metrics and the best checkpoint
-    stay. After the first stop signal, further SIGTERMs are ignored, so that a launcher
-    stopping workers that are already winding down from a Ctrl-C cannot cut their summary
-    short; a second Ctrl-C still interrupts the wind-down."""
-
-    def stop(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
 
 
 if __name__ == "__main__":

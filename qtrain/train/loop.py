@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from qtrain import route
+from qtrain import route, signals
 from qtrain._compat import import_dgl
 from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
 from qtrain.errors import RunDiverged
@@ -209,6 +209,7 @@ class Trainer:
         with _quiet_dgl_loader():
             batches = repeatable_batches(self.loader)
             for step, (input_nodes, output_nodes, blocks) in enumerate(batches, start=1):
+                signals.raise_if_stopped()
                 x = self.feat[input_nodes.to(self.feat.device)]
                 y = self.labels[output_nodes.to(self.labels.device)]
                 self.optimizer.zero_grad(set_to_none=True)
@@ -281,6 +282,7 @@ class Trainer:
         """Train for ``config.epochs`` epochs (or until early stopping), updating ``state``."""
         cfg = self.config
         for epoch in range(state.epochs_run + 1, cfg.epochs + 1):
+            signals.raise_if_stopped()  # an interrupt Python dropped in a finalizer
             self._sync()
             start = time.perf_counter()
             loss, train_metric = self.train_epoch()
