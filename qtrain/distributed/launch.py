@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from qtrain import signals
 from qtrain._malloc import keep_freed_memory
 from qtrain.errors import QtrainError, RecipeError, RunFailed
 from qtrain.recipe import Recipe, resolve_toml
@@ -233,6 +234,7 @@ def launch(recipe: Recipe) -> dict[str, Any]:
                 )
                 forwarder.start()
         while True:
+            signals.raise_if_stopped()  # an interrupt Python dropped in a finalizer
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if failed:
