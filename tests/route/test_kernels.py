@@ -190,6 +190,29 @@ def _heterograph() -> Any:
     )
 
 
+def _hetero_inputs(edge_seed: int) -> tuple[list[torch.Tensor], Callable[..., Any]]:
+    """Node features "h" per node type and edge weights "w" per relation of
+    ``_heterograph()``, and a function putting tensors in that order on a copy of it."""
+    hg = _heterograph()
+    feats = {nt: _operand("random", hg.num_nodes(nt), (4,), i) for i, nt in enumerate(hg.ntypes)}
+    weights = {
+        et: _operand("random", hg.num_edges(et), (4,), edge_seed + i)
+        for i, et in enumerate(hg.canonical_etypes)
+    }
+    keys = list(feats) + list(weights)
+
+    def assigned(tensors: tuple[torch.Tensor, ...]) -> Any:
+        graph = hg.local_var()
+        for key, tensor in zip(keys, tensors, strict=True):
+            if key in feats:
+                graph.nodes[key].data["h"] = tensor
+            else:
+                graph.edges[key].data["w"] = tensor
+        return graph
+
+    return [*feats.values(), *weights.values()], assigned
+
+
 @pytest.mark.parametrize("reduce", ["sum", "max", "min"])
 @pytest.mark.parametrize("message", ["copy_u", "u_mul_e", "copy_e"])
 def test_heterograph_update_all_matches_dgl(reduce: str, message: str) -> None:
@@ -197,21 +220,10 @@ def test_heterograph_update_all_matches_dgl(reduce: str, message: str) -> None:
     messages of all its relations together."""
     import dgl.function as fn
 
-    hg = _heterograph()
-    feats = {nt: _operand("random", hg.num_nodes(nt), (4,), i) for i, nt in enumerate(hg.ntypes)}
-    weights = {
-        et: _operand("random", hg.num_edges(et), (4,), 10 + i)
-        for i, et in enumerate(hg.canonical_etypes)
-    }
-    keys = list(feats) + list(weights)
+    inputs, assigned = _hetero_inputs(edge_seed=10)
 
     def call(*tensors: torch.Tensor) -> torch.Tensor:
-        graph = hg.local_var()
-        for key, tensor in zip(keys, tensors, strict=True):
-            if key in feats:
-                graph.nodes[key].data["h"] = tensor
-            else:
-                graph.edges[key].data["w"] = tensor
+        graph = assigned(tensors)
         msg = {
             "copy_u": fn.copy_u("h", "m"),
             "u_mul_e": fn.u_mul_e("h", "w", "m"),
@@ -224,7 +236,7 @@ def test_heterograph_update_all_matches_dgl(reduce: str, message: str) -> None:
     # DGL's own max / min backward on a heterograph fails for u_mul_e (a tuple taken for
     # a tensor in GSpMM_hetero.backward): outputs are compared there
     dgl_backward = not (message == "u_mul_e" and reduce != "sum")
-    _compare(call, [*feats.values(), *weights.values()], dgl_backward)
+    _compare(call, inputs, dgl_backward)
 
 
 @pytest.mark.parametrize("op", ["u_add_v", "u_dot_v", "u_mul_e", "e_sub_v"])
@@ -232,27 +244,17 @@ def test_heterograph_apply_edges_matches_dgl(op: str) -> None:
     import dgl.function as fn
 
     hg = _heterograph()
-    feats = {nt: _operand("random", hg.num_nodes(nt), (4,), i) for i, nt in enumerate(hg.ntypes)}
-    weights = {
-        et: _operand("random", hg.num_edges(et), (4,), 20 + i)
-        for i, et in enumerate(hg.canonical_etypes)
-    }
-    keys = list(feats) + list(weights)
+    inputs, assigned = _hetero_inputs(edge_seed=20)
     lhs, _, rhs = op.split("_")
     names = {"u": "h", "v": "h", "e": "w"}
     builtin = getattr(fn, op)(names[lhs], names[rhs], "s")
 
     def call(*tensors: torch.Tensor) -> torch.Tensor:
-        graph = hg.local_var()
-        for key, tensor in zip(keys, tensors, strict=True):
-            if key in feats:
-                graph.nodes[key].data["h"] = tensor
-            else:
-                graph.edges[key].data["w"] = tensor
+        graph = assigned(tensors)
         graph.apply_edges(builtin)
         return torch.cat([graph.edges[et].data["s"] for et in hg.canonical_etypes])
 
-    _compare(call, [*feats.values(), *weights.values()])
+    _compare(call, inputs)
 
 
 def test_heterograph_edge_softmax_matches_dgl() -> None:
