@@ -1,43 +1,46 @@
-"""qtrain._malloc: freed large tensors are reused, not page-faulted in again."""
+"""qtrain._malloc: a freed large block is reused, not page-faulted in again.
+
+The check talks to glibc directly (malloc, memset, free) so that it measures the
+allocator settings alone: torch's own padding for huge-page alignment and the
+machine's transparent-huge-page mode move a tensor's start by up to 2 MiB, which
+made a tensor-level count depend on the machine (CI saw 544 faults where a
+workstation saw 0).
+"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-# page faults of a second 64 MiB tensor, after the first one was freed (16,384 pages of
-# 4 KiB, or 32 huge pages and the odd small one where transparent huge pages are on)
+# minor page faults of a second 64 MiB block (16,384 pages of 4 KiB), after the first was freed
 SECOND_ALLOCATION = """
-import resource, sys, torch
+import ctypes, ctypes.util, resource, sys
 from qtrain._malloc import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
-x = torch.ones(1 << 24); del x
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.restype, libc.memset.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+size = 64 << 20
+first = libc.malloc(size); libc.memset(first, 1, size); libc.free(first)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-y = torch.ones(1 << 24)
+second = libc.malloc(size); libc.memset(second, 1, size)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
 def _faults(mode: str) -> int:
-    # as the qtrain command and its workers run: with huge pages asked for (qtrain.cli.main),
-    # which `import qtrain` used to set. Without them the freed block is often split by
-    # later small allocations and the second tensor is fresh memory again (16,384 faults).
-    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", SECOND_ALLOCATION, mode],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
+        [sys.executable, "-c", SECOND_ALLOCATION, mode], capture_output=True, text=True, check=True
     )
     return int(done.stdout.split()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
-def test_a_freed_large_tensor_is_reused_without_page_faults() -> None:
-    # glibc maps the tensor afresh: every page faults in (and is zeroed by the kernel) again
-    assert _faults("keep") < 32 < _faults("default")
+def test_a_freed_large_block_is_reused_without_page_faults() -> None:
+    # glibc's default maps the block afresh: every page faults in (and is zeroed) again,
+    # at least 32 faults even where transparent huge pages back it with 2 MiB pages
+    assert _faults("keep") < 16 < 32 <= _faults("default")

@@ -229,11 +229,17 @@ def _graph_to(graph: Any, device: str) -> Any:
 
 
 def _train_step(
-    case: Case, device: str | None
+    case: Case, device: str | None, dropout: bool = True
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One forward and backward of ``case``; ``device`` None runs DGL's own kernels."""
+    """One forward and backward of ``case``; ``device`` None runs DGL's own kernels.
+
+    ``dropout=False`` runs the module in eval mode: a GPU draws its dropout masks from
+    another generator than the CPU (HGTConv drops 20% by default).
+    """
     torch.manual_seed(0)
     module = case.module()
+    if not dropout:
+        module.eval()
     graph = case.graph()
     inputs = {k: v.requires_grad_() for k, v in case.inputs(graph).items()}
     if device is not None:
@@ -266,6 +272,25 @@ def test_module_runs_on_a_device_without_touching_the_cpu(name: str) -> None:
     assert out.device.type == "meta"
     assert all(g.device.type == "meta" for g in [*inputs.values(), *params.values()])
     assert params
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", list(CASES))
+def test_module_on_cuda_matches_the_cpu_kernels(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same comparison on a GPU (`make gpu-check` runs it): cuSPARSE products and CUDA
+    # scatters sum in another order than DGL's CPU kernels, hence the looser tolerance.
+    # cuDNN's LSTM (SAGEConv's lstm aggregator) would run in TF32 by default.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    want, want_inputs, want_params = _train_step(CASES[name], None, dropout=False)
+    got, got_inputs, got_params = _train_step(CASES[name], "cuda", dropout=False)
+    assert got.device.type == "cuda" and "cuda" in route.enabled_devices()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-3, atol=1e-4)
+    assert got_params.keys() == want_params.keys() and want_params
+    for key, grad in want_inputs.items():
+        torch.testing.assert_close(got_inputs[key].cpu(), grad, rtol=1e-3, atol=1e-4, msg=key)
+    for key, grad in want_params.items():
+        torch.testing.assert_close(got_params[key].cpu(), grad, rtol=1e-3, atol=1e-4, msg=key)
 
 
 def test_the_route_really_ran() -> None:
