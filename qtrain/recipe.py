@@ -86,7 +86,9 @@ class DistributedConfig:
     world_size: int = option(
         1, "workers; > 1 starts them on this machine (or run the recipe under torchrun)", min=1
     )
-    backend: Literal["gloo", "nccl"] = option("gloo", "torch.distributed backend")
+    backend: Literal["gloo", "nccl"] = option(
+        "gloo", "torch.distributed backend: gloo (CPU workers) or nccl (one GPU per worker)"
+    )
     partition: Literal["metis", "random"] = option("metis", "how the graph is split across workers")
     message_bits: Literal[32, 8, 4, 2, "adaptive"] = option(
         32, 'bits per value of the halo messages: 32 (unquantized), 8, 4, 2 or "adaptive"'

@@ -54,16 +54,19 @@ CALIBRATION_BYTES = (1 << 16, 1 << 20, 1 << 23)
 CALIBRATION_REPEATS = 3
 
 
-def calibrate_links(world: int, rank: int, group: Any = None) -> dict[int, list[tuple[int, float]]]:
+def calibrate_links(
+    world: int, rank: int, group: Any = None, device: torch.device | None = None
+) -> dict[int, list[tuple[int, float]]]:
     """``(bits sent, seconds)`` samples per peer this worker sends to, from timed ring rounds.
 
     Each round starts after a barrier, so a sample is the transfer, not a
-    wait for a peer still computing. Every worker must call this.
+    wait for a peer still computing. Every worker must call this. The buffers live
+    where the exchanges' do (``device``: the worker's GPU under nccl).
     """
     samples: dict[int, list[tuple[int, float]]] = {}
     for size in CALIBRATION_BYTES:
-        out = torch.zeros(size, dtype=torch.uint8)
-        into = torch.empty(size, dtype=torch.uint8)
+        out = torch.zeros(size, dtype=torch.uint8, device=device)
+        into = torch.empty(size, dtype=torch.uint8, device=device)
         for i in range(1, world):
             to, source = (rank + i) % world, (rank - i) % world
             for _ in range(CALIBRATION_REPEATS):
@@ -130,11 +133,12 @@ class AdaptiveBits:
         lam: float,
         group_size: int,
         period: int,
+        device: torch.device | None = None,
     ) -> None:
         self.part = part
         self.send_alpha2, self.recv_alpha2 = coefficients
         self.lam, self.group_size, self.period = lam, group_size, period
-        self.links = calibrate_links(part.world_size, part.rank)
+        self.links = calibrate_links(part.world_size, part.rank, device=device)
         self._plans: dict[tuple[int, str], tuple[BitPlan, BitPlan]] = {}
         self._start = (  # every exchange until the first assignment
             BitPlan.uniform(part.send_counts, START_BITS),

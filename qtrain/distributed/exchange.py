@@ -137,9 +137,16 @@ class Layout:
     dim: int
 
     @staticmethod
-    def build(plan: BitPlan, rows: list[PeerRows], dim: int, rank: int) -> Layout:
+    def build(
+        plan: BitPlan,
+        rows: list[PeerRows],
+        dim: int,
+        rank: int,
+        device: torch.device | None = None,
+    ) -> Layout:
         """Lay out ``plan``'s messages over ``rows[p]``, the local rows of peer ``p``'s
-        message in plan order (this worker's own entry stays empty)."""
+        message in plan order (this worker's own entry stays empty). Row indices are
+        placed on ``device``, where the exchanged tensors live (a worker's GPU)."""
         peers, at = [], 0
         for p, base in enumerate(rows):
             segments, start = [], at
@@ -151,6 +158,9 @@ class Layout:
                     index, first = None, base
                 else:
                     index, first = base + where, 0
+                if device is not None:
+                    index = None if index is None else index.to(device)
+                    where = None if where is None else where.to(device)
                 size = message_bytes(n, dim, bits)
                 segments.append(Segment(bits, n, where, index, first, at, size))
                 at += size
@@ -252,19 +262,28 @@ class Messenger:
         self._layouts: dict[tuple[str, str], tuple[BitPlan, Layout]] = {}
         self._buffers: dict[tuple[str, str], torch.Tensor] = {}
 
-    def _layout(self, tag: str, side: str, plan: BitPlan, rows: list[PeerRows], dim: int) -> Layout:
+    def _layout(
+        self,
+        tag: str,
+        side: str,
+        plan: BitPlan,
+        rows: list[PeerRows],
+        dim: int,
+        device: torch.device,
+    ) -> Layout:
         """``plan``'s layout, kept until the plan changes (a reassignment)."""
         found = self._layouts.get((tag, side))
         if found is None or found[0] is not plan or found[1].dim != dim:
-            found = (plan, Layout.build(plan, rows, dim, self.part.rank))
+            found = (plan, Layout.build(plan, rows, dim, self.part.rank, device))
             self._layouts[(tag, side)] = found
         return found[1]
 
-    def _buffer(self, tag: str, side: str, nbytes: int) -> torch.Tensor:
-        """A byte buffer of this exchange, reused every step (fresh pages cost faults)."""
+    def _buffer(self, tag: str, side: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A byte buffer of this exchange on the exchanged rows' device (nccl sends GPU
+        memory only), reused every step (fresh pages cost faults)."""
         buf = self._buffers.get((tag, side))
-        if buf is None or buf.numel() != nbytes:
-            buf = torch.empty(nbytes, dtype=torch.uint8)
+        if buf is None or buf.numel() != nbytes or buf.device != device:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._buffers[(tag, side)] = buf
         return buf
 
@@ -286,7 +305,7 @@ class Messenger:
         start = time.perf_counter()
         self.stats.dims[tag] = int(source.shape[1])
         hist = self.stats.bits_histogram.setdefault(tag, {})
-        out = self._buffer(tag, "send", send.nbytes)
+        out = self._buffer(tag, "send", send.nbytes, source.device)
         chunks: list[torch.Tensor] = []
         for p, message in enumerate(send.peers):
             for seg in message.segments:
@@ -300,7 +319,7 @@ class Messenger:
                 chunks.append(_bytes_of(message.segments[0].run(source)))
             else:
                 chunks.append(out[message.start : message.start + message.nbytes])
-        into = self._buffer(tag, "recv", recv.nbytes)
+        into = self._buffer(tag, "recv", recv.nbytes, dest.device)
         received = [
             _bytes_of(m.segments[0].run(dest))
             if m.direct and not add
@@ -351,9 +370,9 @@ class Messenger:
         flat = x_owned.detach().reshape(x_owned.shape[0], -1).to(torch.float32).contiguous()
         dim = int(flat.shape[1])
         send_plan, recv_plan = self.plan(layer, "forward")
-        send = self._layout(tag, "send", send_plan, self._owned_rows, dim)
-        recv = self._layout(tag, "recv", recv_plan, self._halo_rows, dim)
-        rows = torch.empty(part.num_owned + int(part.halo.numel()), dim, dtype=torch.float32)
+        send = self._layout(tag, "send", send_plan, self._owned_rows, dim, flat.device)
+        recv = self._layout(tag, "recv", recv_plan, self._halo_rows, dim, flat.device)
+        rows = flat.new_empty(part.num_owned + int(part.halo.numel()), dim)
         rows[: part.num_owned].copy_(flat)
         pending = self._post(tag, flat, send, recv, rows, add=False, overlap=overlap)
         pending.shape = x_owned.shape[1:]
@@ -379,8 +398,8 @@ class Messenger:
         dim = int(flat.shape[1])
         # backward reverses the roles: the halo rows' gradients go to their owners
         recv_plan, send_plan = self.plan(layer, "backward")
-        send = self._layout(tag, "send", send_plan, self._halo_rows, dim)
-        recv = self._layout(tag, "recv", recv_plan, self._owned_rows, dim)
+        send = self._layout(tag, "send", send_plan, self._halo_rows, dim, flat.device)
+        recv = self._layout(tag, "recv", recv_plan, self._owned_rows, dim, flat.device)
         grad = flat[: part.num_owned].clone()
         pending = self._post(tag, flat, send, recv, grad, add=True, overlap=overlap)
         pending.shape = grad_rows.shape[1:]
@@ -402,8 +421,9 @@ def _row_ranges(source: torch.Tensor, message: PeerMessage, buffer: torch.Tensor
     """max - min of each row of an encoded message, in plan order (the assigner's
     statistics). A quantized segment already holds each row's range as quantized
     (from the bfloat16 zero point, rounded outwards), the one its step and so its
-    variance are made of: it is read from the buffer, not gathered and recomputed."""
-    ranges = torch.empty(message.rows, dtype=torch.float32)
+    variance are made of: it is read from the buffer, not gathered and recomputed.
+    Returned on the CPU, where the assigner solves (one copy per traced exchange)."""
+    ranges = torch.empty(message.rows, dtype=torch.float32, device=source.device)
     dim = int(source.shape[1])
     for seg in message.segments:
         if seg.bits == 32:
@@ -416,7 +436,7 @@ def _row_ranges(source: torch.Tensor, message: PeerMessage, buffer: torch.Tensor
             ranges.copy_(spread)
         else:
             ranges[seg.where] = spread
-    return ranges
+    return ranges.cpu()
 
 
 class SharedGradient:

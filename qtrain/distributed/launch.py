@@ -138,6 +138,36 @@ def check_launchable(recipe: Recipe) -> None:
             f"model {recipe.model.name!r} does not run on blocks, so it cannot train "
             "distributed; use gcn, sage or gat"
         )
+    backend, device = recipe.distributed.backend, recipe.train.device
+    if backend == "gloo" and device not in ("cpu", "auto"):
+        raise RecipeError(
+            f"train.device = {device!r} with distributed.backend = 'gloo': gloo workers "
+            "train on the CPU; use backend = 'nccl' for GPUs (one per worker) or device 'cpu'"
+        )
+    if backend == "nccl" and device not in ("cuda", "auto"):
+        raise RecipeError(
+            f"train.device = {device!r} with distributed.backend = 'nccl': each nccl worker "
+            "trains on the GPU of its local rank (cuda:LOCAL_RANK); use device 'cuda' or 'auto'"
+        )
+
+
+def worker_device(recipe: Recipe) -> torch.device:
+    """The device this worker trains on: the CPU under gloo; under nccl the GPU of its
+    local rank (``LOCAL_RANK``, which this launcher and torchrun set), made current so
+    that nccl's object collectives and streams use it."""
+    if recipe.distributed.backend != "nccl":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    count = torch.cuda.device_count()
+    if local >= count:
+        raise RecipeError(
+            f"distributed.backend = 'nccl': worker with LOCAL_RANK {local} needs GPU "
+            f"cuda:{local}, but torch sees {count} CUDA device(s) on this machine; start at "
+            "most one worker per GPU (torchrun --nproc-per-node)"
+        )
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    return device
 
 
 WORKERS_PER_CORE = 4  # workers on one machine share its cores; beyond this they only wait
@@ -200,6 +230,12 @@ def launch(recipe: Recipe) -> dict[str, Any]:
     check_launchable(recipe)
     world = recipe.distributed.world_size
     check_local_capacity(world)
+    if recipe.distributed.backend == "nccl" and world > torch.cuda.device_count():
+        raise RecipeError(
+            f"distributed.world_size = {world} with backend = 'nccl' needs {world} GPUs on "
+            f"this machine (one per worker), but torch sees {torch.cuda.device_count()}; "
+            "use fewer workers, or torchrun across machines"
+        )
     path = create_run_dir(recipe.output.dir, recipe.name)
     run = RunDir(path)
     run.write_recipe(resolve_toml(recipe))
@@ -287,6 +323,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
             f"distributed.world_size = {cfg.world_size}, but WORLD_SIZE = {world} workers started"
         )
     check_launchable(recipe)
+    device = worker_device(recipe)
     keep_freed_memory()  # workers on one machine share its cores; page faults are not free
     if not recipe.train.threads and "LOCAL_WORLD_SIZE" in os.environ:
         local = max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
@@ -298,11 +335,13 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
     try:
-        with prepared(recipe) as (dataset, graph, model, device):
-            parts = torch.empty(graph.num_nodes(), dtype=torch.int64)
+        with prepared(recipe, device) as (dataset, graph, model, device):
+            # collectives move tensors of the worker's device (nccl: its GPU)
+            parts = torch.empty(graph.num_nodes(), dtype=torch.int64, device=device)
             if rank == 0:
-                parts = assign_parts(graph, world, cfg.partition, recipe.train.seed)
+                parts = assign_parts(graph, world, cfg.partition, recipe.train.seed).to(device)
             dist.broadcast(parts, 0)
+            parts = parts.cpu()  # partitioning runs on the CPU copy of the structure
             for tensor in model.state_dict().values():
                 dist.broadcast(tensor, 0)
             path = [os.environ.get(ENV_RUN_DIR) or None]
@@ -319,6 +358,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
                     lam=cfg.lambda_,
                     group_size=cfg.group_size,
                     period=cfg.reassign_period,
+                    device=device,
                 )
                 messenger = Messenger(part, adaptive.plan, recipe.train.seed)
             else:

@@ -132,8 +132,10 @@ class DistTrainer(Trainer):
             name: torch.nonzero(data[mask][part.owned], as_tuple=False).squeeze(1).to(device)
             for name, mask in SPLITS
         }
-        counts = torch.tensor([self.idx[name].numel() for name, _ in SPLITS], dtype=torch.int64)
-        dist.all_reduce(counts)
+        counts = torch.tensor(
+            [self.idx[name].numel() for name, _ in SPLITS], dtype=torch.int64, device=device
+        )
+        dist.all_reduce(counts)  # on the worker's device: nccl reduces GPU tensors only
         self.global_counts = {name: int(n) for (name, _), n in zip(SPLITS, counts, strict=True)}
         self.meter = ActivationMeter(model.parameters(), device)
         self._step_inputs = [self.feat, self.labels, *graph_tensors(block)]
@@ -262,7 +264,9 @@ class DistTrainer(Trainer):
         """What the exchanges cost, over all workers (a collective: every worker calls it)."""
         n = len(self._epochs)
         mine = torch.tensor(
-            [sum(e[i] for e in self._epochs) for i in range(4)], dtype=torch.float64
+            [sum(e[i] for e in self._epochs) for i in range(4)],
+            dtype=torch.float64,
+            device=self.device,
         )
         total, slowest = mine.clone(), mine.clone()
         dist.all_reduce(total)

@@ -107,18 +107,21 @@ def uses_route(graph_kernels: str, device: torch.device) -> bool:
 
 
 @contextlib.contextmanager
-def prepared(recipe: Recipe) -> Iterator[tuple[Any, Any, GNNModel, torch.device]]:
+def prepared(
+    recipe: Recipe, device: torch.device | None = None
+) -> Iterator[tuple[Any, Any, GNNModel, torch.device]]:
     """Threads, seeds, dataset, model and graph exactly as a run of ``recipe`` starts them.
 
     Yields ``(dataset, graph, model, device)`` with the graph through
-    ``model.prepare_graph`` and the model on the device; qtrain's device route is
+    ``model.prepare_graph`` and the model on the device (``train.device``, unless
+    ``device`` overrides it: a distributed worker's own GPU); qtrain's device route is
     enabled for the device when ``train.graph_kernels`` says so; thread counts are
     restored and the route disabled afterwards.
     """
     from qtrain.data import load_dataset
 
     train = recipe.train
-    device = resolve_device(train.device)
+    device = device if device is not None else resolve_device(train.device)
     previous_threads = torch.get_num_threads()
     with contextlib.ExitStack() as stack:
         if train.threads:

@@ -426,6 +426,19 @@ def test_sage_workers_with_and_without_overlap_equal_one_process(recipe: Path) -
         assert two["test_acc"] == pytest.approx(single["test_acc"], abs=1e-6)
 
 
+def test_workers_on_the_device_route_equal_one_process(recipe: Path) -> None:
+    """The route (what a GPU worker runs) on the CPU: halo rows, blocks, both halves of an
+    overlapped layer and 8-bit messages go through qtrain's kernels, with DGL's losses."""
+    route = ('train.graph_kernels="qtrain"', "train.epochs=3")
+    single = _summary(_qtrain(recipe, "train.epochs=3"))
+    two = _summary(_qtrain(recipe, *route, "distributed.world_size=2", "distributed.overlap=true"))
+    assert two["graph_kernels"] == "qtrain"
+    assert two["final_loss"] == pytest.approx(single["final_loss"], rel=1e-5)
+    require_ext()
+    low = _summary(_qtrain(recipe, *route, "distributed.world_size=2", "distributed.message_bits=8"))
+    assert low["final_loss"] == pytest.approx(single["final_loss"], rel=0.02)
+
+
 def test_tango_runs_its_quantized_kernels_on_every_worker(recipe: Path) -> None:
     """The tango plugin patches each worker's DGL, overlap's two halves included."""
     require_ext()
@@ -467,6 +480,12 @@ def test_refused_before_any_worker_starts(recipe: Path) -> None:
     )
     done = _qtrain(recipe, "distributed.world_size=2", 'train.mode="minibatch"')
     assert done.returncode == 2 and "distributed training is full-graph" in done.stderr
+    done = _qtrain(recipe, "distributed.world_size=2", 'train.device="cuda"')
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "qtrain: error: train.device = 'cuda' with distributed.backend = 'gloo': gloo workers "
+        "train on the CPU; use backend = 'nccl' for GPUs (one per worker) or device 'cpu'"
+    )
 
 
 def _descendants(pid: int) -> list[int]:
