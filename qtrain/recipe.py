@@ -232,8 +232,15 @@ def parse_quant(table: Mapping[str, Any]) -> QuantSection:
         configs[name] = PLUGINS.get(name).parse(
             _table(table, name) if name in table else {}, f"quant.{name}"
         )
-    for name in set(table) - set(plugins) - {"plugin"}:  # checked even when not enabled
-        PLUGINS.get(name).parse(_table(table, name), f"quant.{name}")
+    for name in sorted(set(table) - set(plugins) - {"plugin"}):
+        options = _table(table, name)
+        PLUGINS.get(name).parse(options, f"quant.{name}")  # a typo is named first
+        if options:  # dropping them would train without what the user asked for
+            raise RecipeError(
+                f"quant.{name} sets {', '.join(sorted(options))}, but {name} is not enabled "
+                f"(quant.plugin = {list(plugins)}); add {name!r} to quant.plugin or remove "
+                f"the [quant.{name}] options"
+            )
     return QuantSection(tuple(plugins), configs)
 
 

@@ -175,11 +175,24 @@ def test_minimal_recipe_fills_defaults() -> None:
             {**MINIMAL, "quant": {"plugin": [], "tango": {"bits": 99}}},
             r"quant\.tango\.bits = 99 is too large",
         ),
+        (  # valid options of a plugin left out would be dropped: the run would be FP32
+            {
+                **MINIMAL,
+                "quant": {"plugin": ["exact"], "tango": {"bits": 4, "rounding": "nearest"}},
+            },
+            r"^quant\.tango sets bits, rounding, but tango is not enabled \(quant\.plugin = "
+            r"\['exact'\]\); add 'tango' to quant\.plugin or remove the \[quant\.tango\] options$",
+        ),
     ],
 )
 def test_recipe_errors_name_the_key_and_what_is_allowed(raw: dict, message: str) -> None:
     with pytest.raises(RecipeError, match=message):
         build_recipe(raw, "bad")
+
+
+def test_an_empty_table_of_a_plugin_left_out_is_no_option() -> None:
+    recipe = build_recipe({**MINIMAL, "quant": {"plugin": [], "tango": {}}}, "ok")
+    assert recipe.quant.plugins == ()
 
 
 def test_overrides_parse_types() -> None:
