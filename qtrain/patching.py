@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
+
 from qtrain.errors import PluginError, RecipeError
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import QuantSection, Recipe, parse_quant
@@ -47,10 +49,26 @@ def quant_section(policy: Any, options: Mapping[str, Any]) -> QuantSection:
         raise PluginError(str(exc)) from None
 
 
-def patch(policy: Any = None, /, *, seed: int = 0, **options: Any) -> PatchSession:
+def patch(
+    policy: Any = None,
+    /,
+    *,
+    seed: int = 0,
+    output_layer: torch.nn.Module | None = None,
+    **options: Any,
+) -> PatchSession:
     """Patch DGL for a user's own training loop.
 
     ``with qtrain.patch("trace") as session: train(model)`` or
     ``qtrain.patch({"plugin": ["tango", "exact"], "tango": {"bits": 8}})``.
+    ``output_layer`` is the module whose output feeds the softmax: tango keeps it in
+    float32 (``fp32_before_softmax``, as ``qtrain run`` does for its built-in models);
+    without it nothing is kept and the report says so. ``bits = "auto"`` needs the
+    model and dataset that ``qtrain run`` has, and is refused here with that reason.
     """
-    return PatchSession(quant_section(policy, options), PluginContext(seed=seed))
+    if output_layer is not None and not isinstance(output_layer, torch.nn.Module):
+        raise PluginError(
+            f"output_layer must be a torch.nn.Module, not {type(output_layer).__name__}"
+        )
+    context = PluginContext(seed=seed, output_layer=output_layer)
+    return PatchSession(quant_section(policy, options), context)

@@ -130,6 +130,9 @@ class PluginContext:
     model: torch.nn.Module | None = None
     dataset: Any = None  # qtrain.data.base.NodeDataset
     plugins: tuple[str, ...] = ()  # every plugin of the session, in the recipe's order
+    # the layer whose output feeds the softmax (a user's loop names it: qtrain.patch);
+    # None: the model's ``output_layer``, where it has one
+    output_layer: torch.nn.Module | None = None
 
 
 @dataclass(frozen=True)

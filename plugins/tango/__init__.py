@@ -114,6 +114,7 @@ class TangoPlugin(Plugin):
         self.calibration: Calibration | None = None
         self.policy: QuantPolicy | None = None
         self.fp32 = _Fp32Region()
+        self.output_layer_kept = False  # fp32_before_softmax found a layer to keep in FP32
         self._hooks: list[Any] = []
         self.fallbacks: dict[str, int] = {}
 
@@ -181,11 +182,15 @@ class TangoPlugin(Plugin):
 
     def _hook_output_layer(self) -> None:
         model = self.context.model
-        layer = getattr(model, "output_layer", None) if model is not None else None
+        layer = self.context.output_layer
+        if layer is None and model is not None:
+            layer = getattr(model, "output_layer", None)
         if layer is None:
-            return  # qtrain.patch in a user's loop: no model to look at
+            return  # qtrain.patch without output_layer: the report says nothing was kept
+        self.output_layer_kept = True
+        if model is not None:  # a forward that raised inside the layer leaves no depth behind
+            self._hooks.append(model.register_forward_pre_hook(self.fp32.reset))
         self._hooks += [
-            model.register_forward_pre_hook(self.fp32.reset),
             layer.register_forward_pre_hook(self.fp32.enter),
             layer.register_forward_hook(self.fp32.leave),
             layer.register_full_backward_pre_hook(self.fp32.enter),
@@ -310,9 +315,14 @@ class TangoPlugin(Plugin):
             "bits": policy.bits if policy else self.config.bits,
             "rounding": self.config.rounding,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,
-            "fp32_before_softmax": self.config.fp32_before_softmax,
+            # what was done, not what was asked: a user's loop may name no output layer
+            "fp32_before_softmax": self.output_layer_kept,
             "fp32_calls": dict(sorted(self.fallbacks.items())),
         }
+        if self.config.fp32_before_softmax and not self.output_layer_kept:
+            out["fp32_before_softmax_skipped"] = (
+                "no output layer to keep in float32: pass qtrain.patch(..., output_layer=...)"
+            )
         if self.calibration is not None:
             out["calibration"] = self.calibration.to_json()
         return out

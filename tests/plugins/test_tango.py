@@ -245,6 +245,34 @@ def test_a_sparse_operand_stays_float32(plugin: str) -> None:
     assert x.grad is not None and torch.equal(x.grad, torch.ones(3, 1) @ torch.ones(1, 4))
 
 
+def test_a_user_loop_keeps_the_output_layer_it_names_in_float32() -> None:
+    """fp32_before_softmax under qtrain.patch: the layer passed as output_layer runs FP32;
+    without one nothing is kept, and the report says so instead of claiming it."""
+    g = _graph()
+    x = torch.randn(g.num_nodes(), 6)
+    hidden, output = GraphConv(6, 8), GraphConv(8, 3)
+
+    def step() -> None:
+        output(g, torch.relu(hidden(g, x))).sum().backward()
+
+    with qtrain.patch("tango", output_layer=output) as session:
+        step()
+    report = session.report()["tango"]
+    assert report["fp32_before_softmax"] is True and "fp32_before_softmax_skipped" not in report
+    assert "gemm: output layer (fp32_before_softmax)" in report["fp32_calls"]
+    dispatch.reset()
+    with qtrain.patch("tango") as session:
+        step()
+    report = session.report()["tango"]
+    assert report["fp32_before_softmax"] is False
+    assert "output_layer=" in report["fp32_before_softmax_skipped"]
+    assert not any("output layer" in why for why in report["fp32_calls"])
+    with pytest.raises(
+        qtrain.errors.PluginError, match=r"output_layer must be a torch\.nn\.Module"
+    ):
+        qtrain.patch("tango", output_layer="conv2")
+
+
 def test_empty_graph_and_zero_degree_nodes() -> None:
     g = dgl.graph(
         (torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)), num_nodes=4
@@ -391,6 +419,8 @@ def test_fp32_before_softmax_off_quantizes_the_output_layer(tmp_path: Path) -> N
     off = _run(_recipe(tmp_path, "fp32_before_softmax = false"))
     assert "fp32" in on["kernels"]["gemm"]
     assert "fp32" not in off["kernels"]["gemm"]
+    assert on["plugin_reports"]["tango"]["fp32_before_softmax"] is True
+    assert off["plugin_reports"]["tango"]["fp32_before_softmax"] is False
 
 
 def test_auto_bits_records_the_calibration(tmp_path: Path) -> None:
