@@ -68,6 +68,9 @@ class DiscardRunDir(RunDir):
     def write_checkpoint(self, state: dict[str, Any]) -> None:
         pass
 
+    def write_curves(self, title: str) -> dict[str, str]:
+        return {}
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -1,4 +1,5 @@
-"""The run directory: resolved recipe, per-epoch metrics, summary, best checkpoint.
+"""The run directory: resolved recipe, per-epoch metrics, summary, best checkpoint,
+training curves (``qtrain.train.curves``).
 
 Every file is written so that it stays readable if the run is interrupted at
 any point: metrics lines are flushed one at a time, the summary and the
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+
+from qtrain.train.curves import TensorBoardLog, write_curves
 
 RECIPE, METRICS, SUMMARY, CHECKPOINT = (
     "recipe.toml",
@@ -83,6 +86,8 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._metrics: IO[bytes] | None = None
+        self._tensorboard: TensorBoardLog | None = None
+        self._tensorboard_checked = False
 
     def write_recipe(self, text: str) -> None:
         write_atomic(self.path / RECIPE, text)
@@ -101,6 +106,15 @@ class RunDir:
             with contextlib.suppress(OSError):
                 self._metrics.truncate(end)
             raise OSError(exc.errno, f"{self.path / METRICS}: {exc.strerror or exc}") from None
+        if not self._tensorboard_checked:
+            self._tensorboard_checked = True
+            self._tensorboard = TensorBoardLog.open(self.path)
+        if self._tensorboard is not None:
+            self._tensorboard.add(record)
+
+    def write_curves(self, title: str) -> dict[str, str]:
+        """``curves.csv`` and ``curves.png`` from ``metrics.jsonl`` as it is now."""
+        return write_curves(self.path, read_metrics(self.path), title)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_atomic(
@@ -129,6 +143,9 @@ class RunDir:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -180,6 +180,14 @@ def train_prepared(
                 summary["plugin_reports"] = session.report()
             except Exception as exc:  # a report must not hide the run's own outcome
                 summary["plugin_reports"] = {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            curves = run.write_curves(
+                f"{recipe.name}: {recipe.model.name} on {recipe.dataset.name} ({summary['status']})"
+            )
+            if curves:
+                summary["curves"] = curves
+        except Exception as exc:  # a picture must not hide the run's own outcome
+            summary["curves_error"] = f"{type(exc).__name__}: {exc}"
         summary["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         run.write_summary(summary)
         run.close()
