@@ -97,6 +97,8 @@ def test_run_directory_layout_and_summary(tmp_path: Path) -> None:
         "metrics.jsonl",
         "summary.json",
         "checkpoint.pt",
+        "curves.csv",
+        "curves.png",
     }
     # recipe.toml is written before training starts; metrics come later
     assert "recipe.toml" in reporter.files_at_start
