@@ -40,11 +40,19 @@ class Entry(Generic[F]):
 class Registry(Generic[F]):
     """Names to entries; ``kind`` ("model", "dataset") words the errors."""
 
-    def __init__(self, kind: str, loader: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        loader: Callable[[], None] | None = None,
+        resolve: Callable[[str], Entry[F] | None] | None = None,
+    ) -> None:
+        """``loader`` registers the entries on first use; ``resolve`` makes an entry for a
+        name that is none of them (a model named ``module:Class``), or returns None."""
         self.kind = kind
         self._entries: dict[str, Entry[F]] = {}
         self._loader = loader
         self._loaded = loader is None
+        self._resolve = resolve
 
     def register(
         self,
@@ -86,6 +94,10 @@ class Registry(Generic[F]):
     def get(self, name: str) -> Entry[F]:
         """The entry for ``name``, or a RecipeError listing the names allowed."""
         self._ensure_loaded()
+        if name not in self._entries and self._resolve is not None:
+            found = self._resolve(name)
+            if found is not None:
+                self._entries[name] = found  # resolved once per process
         try:
             return self._entries[name]
         except KeyError:
