@@ -140,6 +140,15 @@ def run(
     set_: SetOption = None,
     as_json: JsonFlag = False,
     debug: DebugFlag = False,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            "--resume",
+            help="Continue the run in this run directory from its resume.pt "
+            "(extend a finished one with --set train.epochs=N).",
+            file_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Train the model a recipe names, with the plugins it names."""
 
@@ -147,10 +156,19 @@ def run(
         from qtrain._io import stdout_to_stderr
         from qtrain.runner import execute
 
-        loaded = _load_recipe(recipe, set_, "run")
+        if resume is not None:
+            from qtrain.train.resume import recipe_of
+
+            if recipe is not None:
+                raise QtrainError(
+                    f"--resume {resume} runs the recipe recorded there; give no recipe file"
+                )
+            loaded = recipe_of(resume, set_ or [])
+        else:
+            loaded = _load_recipe(recipe, set_, "run")
         try:
             with stdout_to_stderr():
-                return execute(loaded)
+                return execute(loaded, resume_from=resume)
         except BaseException as exc:
             if as_json:  # the last line is the summary, however the run ended
                 _print_written_summary(getattr(exc, "run_dir", None))

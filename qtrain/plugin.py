@@ -282,6 +282,14 @@ class Plugin:
         """What this plugin measured, for the run summary."""
         return {}
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to draw what this run would have drawn next (its
+        random-stream position, say): ints, floats, strings and tensors. Default: none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave, after :meth:`activate`."""
+
     @classmethod
     def calibrate(
         cls,
@@ -392,6 +400,18 @@ class PatchSession:
 
     def report(self) -> dict[str, Any]:
         return {p.name: p.report() for p in self.plugins}
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Each plugin's resume state, by name (``qtrain.train.resume``)."""
+        return {p.name: p.state_dict() for p in self.plugins}
+
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+        if sorted(state) != sorted(self.names):
+            raise PluginError(
+                f"the resume state has plugins {sorted(state)}, this run {sorted(self.names)}"
+            )
+        for plugin in self.plugins:
+            plugin.load_state_dict(state[plugin.name])
 
     def __enter__(self) -> PatchSession:
         return self.activate()

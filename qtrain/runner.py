@@ -8,29 +8,48 @@ what a run directory then always holds is ``qtrain.train.training``'s business.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from qtrain.errors import QtrainError
 from qtrain.plugin import Calibration, calibrator
 from qtrain.recipe import Recipe
+from qtrain.train import resume as resume_state
 from qtrain.train.prepare import prepared
 from qtrain.train.progress import Reporter, make_reporter
+from qtrain.train.rundir import RunDir
 from qtrain.train.training import train_prepared
 
 
-def execute(recipe: Recipe, reporter: Reporter | None = None) -> dict[str, Any]:
+def execute(
+    recipe: Recipe, reporter: Reporter | None = None, resume_from: Path | None = None
+) -> dict[str, Any]:
     """Run ``recipe`` to the end and return its summary (also in ``<run_dir>/summary.json``).
 
     With ``[distributed] world_size > 1`` this process either starts the workers
     on this machine and waits for them, or, started as one (``RANK`` and
-    ``WORLD_SIZE`` set, as torchrun sets them), is that worker.
+    ``WORLD_SIZE`` set, as torchrun sets them), is that worker. ``resume_from``
+    continues that run directory's run (``qtrain.train.resume``; ``recipe`` is its
+    recorded recipe, ``train.epochs`` aside).
     """
     reporter = reporter if reporter is not None else make_reporter()
     if recipe.distributed.world_size > 1:
+        if resume_from is not None:
+            raise QtrainError(
+                f"--resume {resume_from}: distributed runs cannot resume yet; start it again"
+            )
         from qtrain.distributed.launch import in_worker, launch, run_worker
 
         return run_worker(recipe, reporter) if in_worker() else launch(recipe)
+    payload, run = None, None
+    if resume_from is not None:
+        payload = resume_state.load(resume_from)
+        resume_state.check_resumable(payload, recipe, resume_from)
+        run = RunDir(resume_from)
     with prepared(recipe) as (dataset, graph, model, device):
-        return train_prepared(recipe, dataset, graph, model, device, reporter)
+        return train_prepared(
+            recipe, dataset, graph, model, device, reporter, run=run, resume=payload
+        )
 
 
 def calibrate_recipe(recipe: Recipe, target: float | None = None) -> Calibration:

@@ -99,6 +99,7 @@ def test_run_directory_layout_and_summary(tmp_path: Path) -> None:
         "checkpoint.pt",
         "curves.csv",
         "curves.png",
+        "resume.pt",
     }
     # recipe.toml is written before training starts; metrics come later
     assert "recipe.toml" in reporter.files_at_start

@@ -152,6 +152,13 @@ class ExactPlugin(Plugin):
     def deactivate(self) -> None:
         self._stack.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The codec's random-stream position (stochastic rounding, projections)."""
+        return {"offset": self.codec._offset}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.codec._offset = int(state["offset"])
+
     def report(self) -> dict[str, Any]:
         codec = self.codec
         ratio = codec.original_bytes / codec.stored_bytes if codec.stored_bytes else None

@@ -33,7 +33,7 @@ from qtrain.plugins.tango.functions import (
     inside_kernel,
     quant_linear,
 )
-from qtrain.plugins.tango.policy import QuantPolicy
+from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 from qtrain.config import option
 from qtrain.errors import PluginError
@@ -50,6 +50,9 @@ from qtrain.plugin import (
 )
 
 FP32 = "fp32"
+# NaN / Inf cannot be quantized: such a primitive runs in float32, so a diverged step shows
+# the non-finite values it would show in float32 (and the run stops as diverged)
+NON_FINITE = "operand not finite"
 # devices whose float32 operands are quantized: the op library has kernels for both; a
 # CUDA tensor reaches a graph primitive through qtrain's device route (DGL's CPU build
 # cannot run one), whose CSR views of the graph are then read on the GPU
@@ -132,6 +135,7 @@ class TangoPlugin(Plugin):
             seed=self.context.seed,
             cache=QuantCache() if cfg.cache else None,
             backend=cfg.backend,
+            on_fp32=self._fallback,
         )
         if cfg.fp32_before_softmax:
             self._hook_output_layer()
@@ -234,10 +238,13 @@ class TangoPlugin(Plugin):
             if why is None and reduce_op != "sum":
                 why = f"reducer {reduce_op!r}"
             if why is None:
-                result = self._spmm(gidx, op, lhs, rhs)
+                try:
+                    result = self._spmm(gidx, op, lhs, rhs)
+                except NonFiniteOperand:
+                    result, why = None, NON_FINITE
                 if result is not None:
                     return result
-                why = f"op {op!r} with shapes {_shapes(lhs, rhs)}"
+                why = why or f"op {op!r} with shapes {_shapes(lhs, rhs)}"
             self._fallback("spmm", why)
             return original(gidx, op, reduce_op, lhs, rhs)
 
@@ -280,7 +287,10 @@ class TangoPlugin(Plugin):
                     policy = self.policy
                     assert policy is not None
                     csr = graph_csr(gidx, 0, lhs.device)
-                    return QuantSDDMM.apply(policy, csr, op, lhs, rhs, lhs_target == "u")
+                    try:
+                        return QuantSDDMM.apply(policy, csr, op, lhs, rhs, lhs_target == "u")
+                    except NonFiniteOperand:
+                        why = NON_FINITE
             self._fallback("sddmm", why)
             return original(gidx, op, lhs, rhs, lhs_target, rhs_target)
 
@@ -305,7 +315,22 @@ class TangoPlugin(Plugin):
             return func(*args, **kwargs)
         policy = self.policy
         assert policy is not None
-        return quant_linear(policy, x, w, bias, linear=linear)
+        try:
+            return quant_linear(policy, x, w, bias, linear=linear)
+        except NonFiniteOperand:
+            self._fallback("gemm", NON_FINITE)
+            return func(*args, **kwargs)
+
+    # ------------------------------------------------------------ resume
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stochastic-rounding stream's position (the cache is not kept: operands it
+        held across epochs are quantized again after a resume)."""
+        return {"offset": self.policy._offset if self.policy is not None else 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.policy is not None:
+            self.policy._offset = int(state["offset"])
 
     # ------------------------------------------------------------ report
 

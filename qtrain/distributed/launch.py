@@ -71,6 +71,9 @@ class DiscardRunDir(RunDir):
     def write_curves(self, title: str) -> dict[str, str]:
         return {}
 
+    def write_resume(self, state: dict[str, Any]) -> None:
+        pass
+
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -126,9 +126,11 @@ def repeatable_batches(loader: Any) -> Iterator[Any]:
 class Trainer:
     """Trains ``model`` on ``graph`` (already through ``model.prepare_graph``) as ``config`` says."""
 
-    # set by the run (qtrain.train.training): write the best model every N epochs
+    # set by the run (qtrain.train.training): every N epochs, write the best model and
+    # the state a resumed run continues from (qtrain.train.resume)
     checkpoint_every: int = 0
     save_checkpoint: Callable[[], None] | None = None
+    save_resume: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -166,18 +168,8 @@ class Trainer:
             for name, mask in (("train", TRAIN_MASK), ("val", VAL_MASK), ("test", TEST_MASK))
         }
         if self.minibatch:
-            dgl = import_dgl()
-            sampler = dgl.dataloading.NeighborSampler(list(config.fanouts))
-            self.loader = dgl.dataloading.DataLoader(
-                self.graph,
-                self.idx["train"].to(self.graph.device),
-                sampler,
-                device=route.sampler_device(device),
-                batch_size=config.batch_size,
-                shuffle=True,
-                drop_last=False,
-                num_workers=0,
-            )
+            self.sampler = import_dgl().dataloading.NeighborSampler(list(config.fanouts))
+            self.loader = self._loader(0)
 
         self.meter = ActivationMeter(model.parameters(), device)
         self._step_inputs = [self.feat, self.labels, *graph_tensors(self.graph)]
@@ -187,6 +179,36 @@ class Trainer:
             torch.cuda.synchronize(self.device)
 
     # --- one epoch ---------------------------------------------------------
+
+    def _loader(self, epoch: int) -> Any:
+        """Epoch ``epoch``'s batches: the training nodes in an order drawn for that epoch
+        alone. DGL's own shuffle permutes its previous order in place, so the batches
+        would depend on every earlier epoch, which a resumed run (qtrain.train.resume)
+        has not run in this process."""
+        train = self.idx["train"]
+        order = torch.randperm(
+            train.numel(), generator=torch.Generator().manual_seed(self._epoch_seed(epoch))
+        )
+        return import_dgl().dataloading.DataLoader(
+            self.graph,
+            train[order].to(self.graph.device),
+            self.sampler,
+            device=route.sampler_device(self.device),
+            batch_size=self.config.batch_size,
+            shuffle=False,
+            drop_last=False,
+            num_workers=0,
+        )
+
+    def _epoch_seed(self, epoch: int) -> int:
+        return (self.config.seed * 1_000_003 + epoch) % 2**63
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Epoch ``epoch``'s batches, and DGL's sampler seeded for it: its generator's state
+        cannot be saved, so a resumed run samples the neighbours the uninterrupted run did."""
+        if self.minibatch:
+            self.loader = self._loader(epoch)
+            import_dgl().seed(self._epoch_seed(epoch))
 
     def train_epoch(self) -> tuple[float, float]:
         """One pass over the training nodes: (mean loss, metric on the training predictions)."""
@@ -255,6 +277,8 @@ class Trainer:
         if state.best_epoch is not None and state.best_epoch != state.checkpointed_epoch:
             save()
             state.checkpointed_epoch = state.best_epoch
+        if self.save_resume is not None:
+            self.save_resume()
 
     def _check_finite(self, epoch: int, loss: float, state: TrainState) -> None:
         """Stop a run whose loss or parameters are no longer finite: it would go on
@@ -281,10 +305,13 @@ class Trainer:
     def run(self, state: TrainState) -> TrainState:
         """Train for ``config.epochs`` epochs (or until early stopping), updating ``state``."""
         cfg = self.config
+        if state.stopped_early:  # a resumed run that had stopped early stays stopped
+            return state
         for epoch in range(state.epochs_run + 1, cfg.epochs + 1):
             signals.raise_if_stopped()  # an interrupt Python dropped in a finalizer
             self._sync()
             start = time.perf_counter()
+            self.begin_epoch(epoch)
             loss, train_metric = self.train_epoch()
             self._sync()
             elapsed = time.perf_counter() - start
@@ -323,9 +350,10 @@ class Trainer:
             state.last_loss = loss
             if self.run_dir is not None:
                 self.run_dir.append_metrics(record)
+            if cfg.patience and state.evals_without_improvement >= cfg.patience:
+                state.stopped_early = True  # before the resume state is taken
             self._checkpoint_now(epoch, state)
             self.reporter.epoch(record)
-            if cfg.patience and state.evals_without_improvement >= cfg.patience:
-                state.stopped_early = True
+            if state.stopped_early:
                 break
         return state

@@ -21,11 +21,12 @@ import torch
 
 from qtrain.train.curves import TensorBoardLog, write_curves
 
-RECIPE, METRICS, SUMMARY, CHECKPOINT = (
+RECIPE, METRICS, SUMMARY, CHECKPOINT, RESUME = (
     "recipe.toml",
     "metrics.jsonl",
     "summary.json",
     "checkpoint.pt",
+    "resume.pt",
 )
 
 
@@ -122,22 +123,35 @@ class RunDir:
         )
 
     def write_checkpoint(self, state: dict[str, Any]) -> None:
-        """Replace the checkpoint atomically; on failure the previous one stays, the temporary
-        file goes, and the error names the cause (torch.save reports a full disk only as
-        "unexpected pos")."""
-        tmp = self.path / f".{CHECKPOINT}.tmp"
+        """Replace the checkpoint atomically (see :meth:`_save`)."""
+        self._save(CHECKPOINT, state)
+
+    def write_resume(self, state: dict[str, Any]) -> None:
+        """Replace ``resume.pt`` atomically (``qtrain.train.resume``)."""
+        self._save(RESUME, state)
+
+    def _save(self, name: str, state: dict[str, Any]) -> None:
+        """``torch.save`` beside, then rename; on failure the previous file stays, the
+        temporary file goes, and the error names the cause (torch.save reports a full disk
+        only as "unexpected pos")."""
+        tmp = self.path / f".{name}.tmp"
         try:
             torch.save(state, tmp)
-            os.replace(tmp, self.path / CHECKPOINT)
+            os.replace(tmp, self.path / name)
         except (OSError, RuntimeError) as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             free = shutil.disk_usage(self.path).free
             cause = "the disk is full" if free < 64 * 2**20 else f"{type(exc).__name__}: {exc}"
             raise OSError(
-                f"could not write {self.path / CHECKPOINT} ({cause}; {free} bytes free); "
-                "the previous checkpoint is kept"
+                f"could not write {self.path / name} ({cause}; {free} bytes free); "
+                f"the previous {name} is kept"
             ) from exc
+
+    def truncate_metrics(self, epochs: int) -> None:
+        """Keep the metrics of epochs 1..``epochs`` (a resumed run redoes the later ones)."""
+        kept = [r for r in read_metrics(self.path) if int(r.get("epoch", 0)) <= epochs]
+        write_atomic(self.path / METRICS, "".join(to_json(r) + "\n" for r in kept))
 
     def close(self) -> None:
         if self._metrics is not None:

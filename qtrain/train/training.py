@@ -24,6 +24,7 @@ from qtrain.models.base import GNNModel
 from qtrain.ops import dispatch
 from qtrain.plugin import PluginContext, activated
 from qtrain.recipe import Recipe, resolve_toml
+from qtrain.train import resume as resume_state
 from qtrain.train.activations import process_peak_rss
 from qtrain.train.loop import Trainer, TrainState
 from qtrain.train.progress import Reporter, RunStart
@@ -56,11 +57,13 @@ def train_prepared(
     *,
     run: RunDir | None = None,
     make_trainer: TrainerFactory = Trainer,
+    resume: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train with the recipe's plugins active, writing ``run`` (a new run directory by default).
 
     ``make_trainer(model, graph, metric=, config=, device=, run=, reporter=)``
-    builds the trainer (a distributed worker passes its own).
+    builds the trainer (a distributed worker passes its own). ``resume`` (read from
+    ``run``'s ``resume.pt``) continues that run after the epoch it was taken at.
     """
     run = run if run is not None else RunDir(create_run_dir(recipe.output.dir, recipe.name))
     run.write_recipe(resolve_toml(recipe))  # first: a run directory always says what it ran
@@ -85,6 +88,8 @@ def train_prepared(
         "plugin_reports": {},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if resume is not None:
+        summary["resumed_from_epoch"] = resume["epoch"]
     run.write_summary(summary)
     state = TrainState()
     checkpoint_error: str | None = None
@@ -116,6 +121,12 @@ def train_prepared(
                 trainer.save_checkpoint = lambda: run.write_checkpoint(
                     _checkpoint(recipe, dataset, state)
                 )
+                trainer.save_resume = lambda: run.write_resume(
+                    resume_state.capture(trainer, state, session)
+                )
+            if resume is not None:
+                resume_state.restore(resume, trainer, state, session)
+                run.truncate_metrics(state.epochs_run)  # the later epochs are run again
             reporter.start(
                 RunStart(
                     name=recipe.name,
@@ -129,6 +140,11 @@ def train_prepared(
                 )
             )
             trainer.run(state)
+            if recipe.output.checkpoint:  # a finished run can be extended (--resume)
+                try:
+                    run.write_resume(resume_state.capture(trainer, state, session))
+                except OSError as exc:  # the run's results stand; only extending it is lost
+                    summary["resume_error"] = str(exc)
         summary["status"] = "completed"
     except RunDiverged as exc:
         summary["status"] = "diverged"
