@@ -29,7 +29,7 @@ $(BUILT): $(DEPS) $(EXT_SOURCES)
 	@touch $@
 
 run: $(BUILT)
-	$(BIN)/qtrain run qtrain.toml
+	$(BIN)/qtrain compare qtrain.toml --seeds 2
 
 test: $(BUILT)
 	$(BIN)/python -m pytest

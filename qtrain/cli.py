@@ -255,6 +255,62 @@ def profile(
         )
 
 
+@app.command(name="compare")
+def compare_command(
+    recipe: RecipeArg = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            help="Plugins to compare with FP32, joined by '+' (e.g. tango, exact, tango+exact); "
+            "repeatable. Default: the recipe's plugins, or tango.",
+        ),
+    ] = None,
+    seeds: Annotated[
+        int, typer.Option("--seeds", help="Seeds per variant (train.seed, +1, ...).")
+    ] = 3,
+    repeats: Annotated[
+        int, typer.Option("--repeats", help="Rounds over every seed and variant.")
+    ] = 1,
+    set_: SetOption = None,
+    as_json: JsonFlag = False,
+    debug: DebugFlag = False,
+) -> None:
+    """Train FP32 and quantization policies on one recipe, interleaved, and compare them."""
+
+    def action() -> tuple[Path, dict[str, Any]]:
+        from qtrain.compare import compare
+
+        loaded = _load_recipe(recipe, set_, "compare")
+        return compare(
+            loaded,
+            policy or [],
+            seeds=seeds,
+            repeats=repeats,
+            progress=lambda line: err.print(f"qtrain compare: {line}", highlight=False),
+        )
+
+    out_dir, report = guarded(action, debug)
+    if as_json:
+        _print_json(report)
+        return
+    from rich.table import Table
+
+    from qtrain.compare.report import table_rows
+
+    rows = table_rows(report, compact=True)
+    shown = Table(title=f"{report['recipe']}: {report['model']} on {report['dataset']}")
+    for name in rows[0]:
+        shown.add_column(name)
+    for row in rows[1:]:
+        shown.add_row(*row)
+    out.print(shown)
+    out.print(f"ratios: {report['ratios']}", highlight=False)
+    out.print(f"written: {out_dir} (compare.json, compare.md, compare.png)", highlight=False)
+    if any(row["completed"] < row["runs"] for row in report["rows"]):
+        _fail(f"some runs did not complete; see {out_dir / 'compare.md'}", EXIT_FAILED)
+
+
 @app.command()
 def calibrate(
     recipe: RecipeArg = None,
