@@ -120,7 +120,12 @@ def index_mask(num_nodes: int, index: Any, what: str) -> Any:
         index = torch.as_tensor(index)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise DatasetError(f"{what} is not a list of node ids ({exc})") from None
-    if index.dim() != 1 or index.dtype.is_floating_point or index.dtype.is_complex:
+    if (
+        index.dim() != 1
+        or index.dtype.is_floating_point
+        or index.dtype.is_complex
+        or index.dtype == torch.bool  # a mask where ids belong: 0/1 would become ids
+    ):
         raise DatasetError(
             f"{what} must be a 1-D list of integer node ids, got {index.dtype} {list(index.shape)}"
         )

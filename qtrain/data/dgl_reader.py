@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,29 @@ def read_graph_file(path: Path, index: int, where: str) -> Any:
     DatasetError for anything the child could not read, a crash of the child,
     or inconsistent contents.
     """
+    contents = run_reader(
+        _read_and_save,
+        (str(path), index),
+        where,
+        "DGL's reader",
+        "write the file again with dgl.save_graphs",
+    )
+    return build_graph(contents, where)
+
+
+def run_reader(
+    target: Callable[..., str | None],
+    args: tuple[Any, ...],
+    where: str,
+    reader: str,
+    remedy: str,
+) -> dict[str, Any]:
+    """What ``target(*args, out)`` saved to ``out`` in a forked child, read back weights-only.
+
+    ``target`` (a module-level function) returns an error message (None on
+    success) that becomes ``DatasetError(f"{where} {message}")``; a crash of
+    the child is one line naming ``reader`` and ``remedy``.
+    """
     import torch
 
     ctx = multiprocessing.get_context("forkserver")
@@ -46,7 +70,7 @@ def read_graph_file(path: Path, index: int, where: str) -> Any:
     with tempfile.TemporaryDirectory(prefix="qtrain-dgl-read-") as tmp:
         out = Path(tmp) / "graph.pt"
         receive, send = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=_child, args=(str(path), index, str(out), send), daemon=True)
+        child = ctx.Process(target=_child, args=(target, args, str(out), send), daemon=True)
         child.start()
         send.close()
         try:
@@ -55,21 +79,25 @@ def read_graph_file(path: Path, index: int, where: str) -> Any:
             error = None
         child.join()
         if child.exitcode != 0:
-            raise DatasetError(f"{where} is corrupt: DGL's reader {_how_it_ended(child.exitcode)}")
+            raise DatasetError(
+                f"{where} is corrupt: {reader} {_how_it_ended(child.exitcode)}; {remedy}"
+            )
         if error:
             raise DatasetError(f"{where} {error}")
-        contents = torch.load(out, map_location="cpu", weights_only=True)
-    return _build(contents, where)
+        return torch.load(out, map_location="cpu", weights_only=True)
 
 
 def _how_it_ended(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        return f"crashed on it ({name}); write the file again with dgl.save_graphs"
-    return f"failed on it (exit {exitcode}); write the file again with dgl.save_graphs"
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"crashed on it ({name})"
+    return f"failed on it (exit {exitcode})"
 
 
-def _build(contents: dict[str, Any], where: str) -> Any:
+def build_graph(contents: dict[str, Any], where: str) -> Any:
     """The graph from the child's tensors, every id and length checked first."""
     import torch
 
@@ -103,7 +131,7 @@ def _build(contents: dict[str, Any], where: str) -> Any:
     return g
 
 
-def _limit_memory(path: str) -> None:
+def limit_memory(path: str) -> None:
     """Cap the child's address space at what it has now plus what the file can justify."""
     import resource
 
@@ -113,9 +141,11 @@ def _limit_memory(path: str) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _child(path: str, index: int, out: str, send: Connection) -> None:
+def _child(
+    target: Callable[..., str | None], args: tuple[Any, ...], out: str, send: Connection
+) -> None:
     """Runs in the forked child: read, save plain tensors to ``out``, send an error or None."""
-    send.send(_read_and_save(path, index, out))
+    send.send(target(*args, out))
     send.close()
 
 
@@ -125,13 +155,13 @@ def _read_and_save(path: str, index: int, out: str) -> str | None:
     from qtrain._compat import import_dgl
 
     dgl = import_dgl()
-    _limit_memory(path)
+    limit_memory(path)
     try:
         graphs, _ = dgl.load_graphs(path)
     except MemoryError:
         return "is corrupt: DGL's reader asked for more memory than the file justifies"
     except Exception as exc:  # DGLError for truncated / garbled files
-        return f"is truncated or corrupt ({_dgl_detail(exc)}); write it again with dgl.save_graphs"
+        return f"is truncated or corrupt ({dgl_detail(exc)}); write it again with dgl.save_graphs"
     if index >= len(graphs):
         return (
             f"holds {len(graphs)} graph(s), but graph_index = {index}; "
@@ -156,7 +186,7 @@ def _read_and_save(path: str, index: int, out: str) -> str | None:
     return None
 
 
-def _dgl_detail(exc: BaseException) -> str:
+def dgl_detail(exc: BaseException) -> str:
     """DGL's "[12:00:00] /opt/dgl/src/...cc:43: Check failed: ..." without the location."""
     import re
 

@@ -9,6 +9,13 @@ fill it. ogb's progress prints are sent to standard error (``--json`` keeps
 standard output clean), and its import-time version check, a request to
 PyPI from a background thread, is kept from starting.
 
+No file is trusted: ogb runs in a forked child (a crash of DGL's reader on
+a damaged processed file ends that child, not the run), each raw csv file
+is checked as ogb reads it, the split is read here (weights-only for
+``split_dict.pt``), and everything the child hands back is checked (edge
+ids, lengths, labels, disjoint non-empty splits) before a graph is built.
+qtrain records a CRC-32 beside ogb's processed file, which has none.
+
 Per task:
 
 * arxiv, papers100M: directed citations; ``to_bidirected`` (default true)
@@ -29,9 +36,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import os
 import sys
 import warnings
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +74,9 @@ class OgbOptions:
         "add the reverse of every edge (duplicates merged, edge data dropped), as DGL's "
         "examples do for the directed citation graphs",
     )
+
+
+SPLITS = ("train", "valid", "test")
 
 
 @dataclass(frozen=True)
@@ -161,13 +173,8 @@ def _required_files(meta: dict[str, str]) -> list[str]:
 def _split_files(meta: dict[str, str]) -> list[list[str]]:
     """Alternatives (any one suffices) for the split files ogb reads."""
     split = f"split/{meta['split']}"
-    if meta["is hetero"] == "True":
-        return [[f"{split}/nodetype-has-split.csv.gz"]]
-    return [
-        [f"{split}/split_dict.pt", f"{split}/train.csv.gz"],
-        [f"{split}/split_dict.pt", f"{split}/valid.csv.gz"],
-        [f"{split}/split_dict.pt", f"{split}/test.csv.gz"],
-    ]
+    ids = f"{split}/paper" if meta["is hetero"] == "True" else split  # mag: the paper nodes' split
+    return [[f"{split}/split_dict.pt", f"{ids}/{part}.csv.gz"] for part in SPLITS]
 
 
 def check_files(name: str, root: Path) -> Path:
@@ -213,26 +220,335 @@ def check_files(name: str, root: Path) -> Path:
     return folder
 
 
-def _read_split(dataset: Any, folder: Path, meta: dict[str, str]) -> Any:
-    """The official split; ``split_dict.pt`` is read weights-only (ogb's own reader would
-    unpickle anything in it), the CSV files through ogb (pandas, no pickle)."""
+def _read_split(folder: Path, meta: dict[str, str]) -> dict[str, Any]:
+    """The official split as node-id lists (validated later by ``_split_masks``).
+
+    ``split_dict.pt`` is read weights-only (ogb's own reader would unpickle
+    anything in it); the CSV files are read here rather than by ogb, which
+    turns ``2.5`` into node 2 and keeps only the first column of a line.
+    """
     import torch
 
-    path = folder / "split" / meta["split"] / "split_dict.pt"
+    hetero = meta["is hetero"] == "True"
+    base = folder / "split" / meta["split"]
+    path = base / "split_dict.pt"
     if not path.is_file():
-        return dataset.get_idx_split()
+        return {p: _read_ids(base / "paper" if hetero else base, p) for p in SPLITS}
     try:
         split = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a refused global, or truncated / garbled bytes
         raise DatasetError(
             f"{path}: refusing to read this split file ({type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no detail'}); "
-            "it must hold a dict of index tensors: replace it with the original"
+            f"{_first_line(exc, 160)}); it must hold a dict of index tensors: replace it with "
+            "the original"
         ) from None
-    parts = ("train", "valid", "test")
-    if not isinstance(split, dict) or any(part not in split for part in parts):
-        raise DatasetError(f"{path}: expected a dict with the keys {', '.join(parts)}")
-    return split
+    if not isinstance(split, dict) or any(part not in split for part in SPLITS):
+        raise DatasetError(f"{path}: expected a dict with the keys {', '.join(SPLITS)}")
+    if hetero:  # one dict of index tensors per node type
+        if not all(isinstance(split[p], dict) and "paper" in split[p] for p in SPLITS):
+            raise DatasetError(f"{path}: expected each split to be a dict with the key 'paper'")
+        return {p: split[p]["paper"] for p in SPLITS}
+    return {p: split[p] for p in SPLITS}
+
+
+def _read_ids(base: Path, part: str) -> Any:
+    """The node ids in ``base/<part>.csv.gz``: one integer per line, nothing else."""
+    import pandas as pd
+    import torch
+
+    path = base / f"{part}.csv.gz"
+    try:
+        frame = pd.read_csv(path, header=None)
+    except pd.errors.EmptyDataError:
+        raise DatasetError(
+            f"{path} is empty; the official {part} split lists at least one node id"
+        ) from None
+    except Exception as exc:  # gzip / parser errors, bad bytes
+        raise DatasetError(
+            f"{path} could not be read ({type(exc).__name__}: {_first_line(exc, 160)}); "
+            "replace it with the original"
+        ) from None
+    if frame.shape[1] != 1 or frame.dtypes.iloc[0] != "int64":
+        kinds = ", ".join(sorted({str(t) for t in frame.dtypes}))
+        raise DatasetError(
+            f"{path} must hold one integer node id per line; it has {frame.shape[1]} "
+            f"column(s) of {kinds}"
+        )
+    return torch.from_numpy(frame[0].to_numpy(dtype="int64", copy=True))
+
+
+def _split_masks(n: int, split: dict[str, Any], name: str) -> dict[str, Any]:
+    """The three split masks; every split non-empty, without repeats, and disjoint.
+
+    An official split lists each node once and in one split only; a repeat
+    or a node in two splits means a damaged file (and would let test nodes
+    into training unnoticed).
+    """
+    import torch
+
+    masks: dict[str, Any] = {}
+    for part in SPLITS:
+        what = f"dataset {name!r}: the {part} split"
+        mask = index_mask(n, split[part], what)
+        listed = len(torch.as_tensor(split[part]))
+        if listed == 0:
+            raise DatasetError(f"{what} is empty; it must list at least one node id")
+        if int(mask.sum()) != listed:
+            raise DatasetError(
+                f"{what} lists {listed} node ids of which only {int(mask.sum())} are distinct; "
+                "each node may appear once"
+            )
+        for other, seen in masks.items():
+            both = torch.nonzero(mask & seen).flatten()
+            if len(both):
+                raise DatasetError(
+                    f"{what} and the {other} split both hold node {int(both[0])}; the splits "
+                    "must be disjoint"
+                )
+        masks[part] = mask
+    return masks
+
+
+def _labels(
+    raw: Any, n: int, meta: dict[str, str], labelled: Any, where: str
+) -> tuple[Any, int, int]:
+    """(label tensor, number of classes, unlabelled nodes) from ogb's label tensor.
+
+    Single-label tasks: integers [N] or [N, 1], or floats holding whole
+    numbers with NaN for unlabelled nodes (papers100M), none of them inside
+    a split; proteins: 0/1 [N, tasks]. Checked here because ogb converts
+    floats with ``.long()``, which would turn a label of 2.5 into 2.
+    """
+    import torch
+
+    if not isinstance(raw, torch.Tensor) or raw.is_complex() or raw.dtype == torch.bool:
+        raise DatasetError(f"{where}: the labels are {_describe(raw)}; expected a numeric tensor")
+    if meta["eval metric"] == "rocauc":  # proteins: one binary task per column
+        tasks = int(meta["num tasks"])
+        if raw.shape != (n, tasks) or not bool(((raw == 0) | (raw == 1)).all()):
+            raise DatasetError(
+                f"{where}: the labels are {_describe(raw)}; expected 0/1 values [{n}, {tasks}]"
+            )
+        return raw.float(), tasks, 0
+    label = raw.reshape(-1) if raw.dim() == 2 and raw.shape[1] == 1 else raw
+    if label.shape != (n,):
+        raise DatasetError(f"{where}: the labels are {_describe(raw)}; expected [{n}] or [{n}, 1]")
+    num_classes = int(meta["num classes"])
+    unlabelled = (
+        torch.isnan(label)
+        if label.is_floating_point()
+        else torch.zeros_like(label, dtype=torch.bool)
+    )
+    known = label[~unlabelled]
+    if len(known) and (
+        not bool((known == known.round()).all()) or known.min() < 0 or known.max() >= num_classes
+    ):
+        raise DatasetError(
+            f"{where}: a label is not a class id in 0..{num_classes - 1} (values span "
+            f"{float(known.min()):g}..{float(known.max()):g}, whole numbers only)"
+        )
+    inside = torch.nonzero(unlabelled & labelled).flatten()
+    if len(inside):
+        raise DatasetError(
+            f"{where}: node {int(inside[0])} is in a split but has no label (NaN); only nodes "
+            "outside the splits may be unlabelled"
+        )
+    label = torch.where(unlabelled, torch.zeros_like(label), label).long()
+    return label, num_classes, int(unlabelled.sum())
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return type(value).__name__
+    return f"{str(getattr(value, 'dtype', '')).replace('torch.', '')} {list(shape)}"
+
+
+def _first_line(exc: BaseException, limit: int) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else "no detail"
+
+
+def _strict_read_csv(read_csv: Callable[..., Any], folder: Path) -> Callable[..., Any]:
+    """``pandas.read_csv`` with the checks ogb leaves out, for the reading child.
+
+    ogb casts ids with ``astype(int64)`` (2.5 becomes 2, NaN a huge negative
+    id), takes the edges of a graph as the first ``num-edge-list`` lines of
+    edge.csv whatever the file holds, and DGL accepts negative node ids. So
+    each raw file is checked as it is read, before ogb uses (or caches) it.
+    """
+    import numpy as np
+
+    edge_counts: dict[Path, dict[str, int]] = {}
+
+    def strict(path: Any, *args: Any, **kwargs: Any) -> Any:
+        path = Path(path)
+        rel = path.relative_to(folder) if path.is_relative_to(folder) else path
+
+        def bad(problem: str) -> DatasetError:
+            return DatasetError(
+                f"is corrupt: {rel} {problem}; replace the folder with a fresh copy"
+            )
+
+        try:
+            frame = read_csv(path, *args, **kwargs)
+        except FileNotFoundError:
+            raise  # ogb looks for optional files this way
+        except Exception as exc:
+            raise bad(
+                f"could not be read ({type(exc).__name__}: {_first_line(exc, 160)})"
+            ) from None
+        ints = all(t == "int64" for t in frame.dtypes)
+        name = path.name
+        if name == "edge.csv.gz":
+            if frame.shape[1] != 2 or not ints:
+                raise bad("must hold two integer node ids per line")
+            if len(frame) and int(frame.to_numpy().min()) < 0:
+                raise bad("holds a negative node id; node ids are 0 and up")
+            edge_counts.setdefault(path.parent, {})["lines"] = len(frame)
+        elif name in ("num-node-list.csv.gz", "num-edge-list.csv.gz", "num-node-dict.csv.gz"):
+            wide = name == "num-node-dict.csv.gz"  # one column per node type
+            if len(frame) != 1 or not ints or (frame.shape[1] != 1 and not wide):
+                raise bad("must hold one count (a graph's size) per column")
+            if int(frame.to_numpy().min()) < 0:
+                raise bad("holds a negative count")
+            if name == "num-edge-list.csv.gz":
+                edge_counts.setdefault(path.parent, {})["declared"] = int(frame.iloc[0, 0])
+        elif name.startswith(("node-feat", "edge-feat", "node-label", "node_", "edge_")):
+            if not all(t.kind in "if" for t in frame.dtypes):
+                raise bad("must hold numbers only")
+            if "feat" in name and not np.isfinite(frame.to_numpy()).all():
+                raise bad("holds NaN or infinite values; features must be finite")
+            if name.startswith("node-label"):
+                values = frame.to_numpy(dtype=np.float64)
+                known = values[~np.isnan(values)]
+                if not np.isfinite(known).all() or not bool((known == np.round(known)).all()):
+                    raise bad("holds a label that is not a whole number")
+        counts = edge_counts.get(path.parent, {})
+        if len(counts) == 2 and counts["lines"] != counts["declared"]:
+            raise bad(
+                f"does not match: num-edge-list.csv.gz says {counts['declared']} edges, "
+                f"edge.csv.gz has {counts['lines']}"
+            )
+        return frame
+
+    return strict
+
+
+PROCESSED = "processed/dgl_data_processed"
+# qtrain's record of the processed file's CRC-32: ogb's format has no checksum of its own
+CHECKSUM = "processed/dgl_data_processed.crc32"
+
+
+def _file_crc(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _read_in_child(name: str, root: str, processed: bool, out: str) -> str | None:
+    """ogb reads the dataset (in the child that ``run_reader`` forks); the homogeneous graph
+    (mag: the paper nodes and paper-cites-paper edges) and the labels go to ``out``.
+
+    A processed file is read by DGL's C++ reader, which trusts the lengths
+    written in it: a crash kills this child only, and its memory is capped by
+    the file's size. Its CRC-32 is recorded beside it (when ogb writes it,
+    or at its first read), so that a changed byte is refused instead of
+    loaded. Raw files go through ``_strict_read_csv``.
+    """
+    import pandas
+    import torch
+
+    from qtrain.data.dgl_reader import dgl_detail, limit_memory
+
+    meta = _master(name)
+    folder = check_files(name, Path(root))
+    remedy = _remedy(folder, processed)
+    checksum = folder / CHECKSUM
+    crc: int | None = None
+    if processed:
+        crc = _file_crc(folder / PROCESSED)
+        if checksum.is_file():
+            with open(checksum) as f:
+                recorded = f.read(32).strip()
+            if recorded != str(crc):
+                return (
+                    f"is corrupt: it does not match the checksum qtrain recorded in "
+                    f"{checksum.name} when it was written; {remedy}"
+                )
+        limit_memory(str(folder / PROCESSED))
+    else:
+        pandas.read_csv = _strict_read_csv(pandas.read_csv, folder)
+    dataset_cls = import_ogb_dataset()
+    try:
+        with _stdout_to_stderr(), warnings.catch_warnings():
+            # ogb hands pandas' read-only arrays to torch.from_numpy; the copy it makes next is fine
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            graph, labels = dataset_cls(name=name, root=root)[0]
+    except DatasetError as exc:
+        return str(exc)
+    except MemoryError:
+        return f"is corrupt: ogb asked for more memory than its files justify; {remedy}"
+    except (Exception, SystemExit) as exc:
+        return (
+            f"is corrupt: ogb could not read it ({type(exc).__name__}: {dgl_detail(exc)}); {remedy}"
+        )
+    if crc is None or not checksum.exists():  # ogb has just written it, or a first read
+        with contextlib.suppress(OSError):
+            _record(checksum, crc if crc is not None else _file_crc(folder / PROCESSED))
+    if meta["is hetero"] == "True":
+        cites = ("paper", "cites", "paper")
+        if (
+            not isinstance(labels, dict)
+            or "paper" not in labels
+            or cites not in graph.canonical_etypes
+        ):
+            return f"is corrupt: it has no paper-cites-paper relation with paper labels; {remedy}"
+        src, dst = graph.edges(etype=cites)
+        n, ndata, edata = graph.num_nodes("paper"), dict(graph.nodes["paper"].data), {}
+        labels = labels["paper"]
+    else:
+        if len(graph.ntypes) != 1 or len(graph.canonical_etypes) != 1:
+            return f"is corrupt: it holds a heterogeneous graph; {remedy}"
+        src, dst = graph.edges()
+        n, ndata, edata = graph.num_nodes(), dict(graph.ndata), dict(graph.edata)
+    torch.save(
+        {
+            "ntypes": 1,
+            "ntype_names": ["_N"],
+            "etypes": 1,
+            "num_nodes": int(n),
+            "src": src.to(torch.int64),
+            "dst": dst.to(torch.int64),
+            "ndata": ndata,
+            "edata": edata,
+            "labels": labels,
+        },
+        out,
+    )
+    return None
+
+
+def _record(checksum: Path, crc: int) -> None:
+    """Write ``crc`` to ``checksum`` (atomically); a read-only folder just goes unrecorded."""
+    tmp = checksum.with_name(f".{checksum.name}.{os.getpid()}")
+    try:
+        tmp.write_text(f"{crc}\n")
+        os.replace(tmp, checksum)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _remedy(folder: Path, processed: bool) -> str:
+    if processed:
+        return (
+            f"delete it ({folder / PROCESSED}) so that ogb rebuilds it "
+            "from raw/, or replace the folder with a fresh copy"
+        )
+    return "replace the folder with a fresh copy"
 
 
 @contextlib.contextmanager
@@ -243,80 +559,87 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 
 def load_ogb(name: str, opts: OgbOptions) -> NodeDataset:
-    """Read ``name`` from ``opts.root`` through ogb; see the module docstring for what each task becomes."""
+    """Read ``name`` from ``opts.root`` through ogb; see the module docstring for what each task becomes.
+
+    ogb runs in a child process (``qtrain.data.dgl_reader.run_reader``); what
+    it hands back is checked here (edge ids, lengths, labels, the split)
+    before a graph is built from it.
+    """
     import torch
 
     from qtrain._compat import import_dgl
+    from qtrain.data.dgl_reader import build_graph, run_reader
 
     root = Path(opts.root).expanduser() if opts.root else data_dir() / "ogb"
     folder = check_files(name, root)
     meta = _master(name)
-    dataset_cls = import_ogb_dataset()
-    dgl = import_dgl()
-    try:
-        with _stdout_to_stderr(), warnings.catch_warnings():
-            # ogb hands pandas' read-only arrays to torch.from_numpy; the copy it makes next is fine
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            dataset = dataset_cls(name=name, root=str(root))
-            split = _read_split(dataset, folder, meta)
-        graph, labels = dataset[0]
-    except DatasetError:
-        raise
-    except (Exception, SystemExit) as exc:
-        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "no detail"
+    processed = (folder / PROCESSED).is_file()
+    source = folder / PROCESSED if processed else folder
+    where, remedy = f"dataset {name!r}: {source}", _remedy(folder, processed)
+    contents = run_reader(
+        _read_in_child, (name, str(root), processed), where, "ogb's reader", remedy
+    )
+    labels = contents.pop("labels")
+    n = int(contents["num_nodes"])
+    if tuple(getattr(labels, "shape", ()))[:1] != (n,):  # before anything is sized by n
         raise DatasetError(
-            f"dataset {name!r}: ogb could not read {folder} ({type(exc).__name__}: {detail}); "
-            f"if {folder / 'processed'} exists, delete it so that ogb rebuilds it from raw/, "
-            "otherwise replace the folder with a fresh copy"
-        ) from None
+            f"{where} is corrupt: {_describe(labels)} labels for {n} nodes; {remedy}"
+        )
+    try:
+        g = build_graph(contents, where)
+    except DatasetError as exc:
+        raise DatasetError(f"{exc}; {remedy}") from None
+    dgl = import_dgl()
+    masks = _split_masks(n, _read_split(folder, meta), name)
+    labelled = masks["train"] | masks["valid"] | masks["test"]
+    try:
+        label, num_classes, unlabelled = _labels(labels, n, meta, labelled, f"{where} is corrupt")
+    except DatasetError as exc:
+        raise DatasetError(f"{exc}; {remedy}") from None
 
     info: dict[str, Any] = {
         "source": "ogb",
         "folder": str(folder),
         "ogb_metric": meta["eval metric"],
     }
-    metric = "accuracy"
     if meta["is hetero"] == "True":
-        if "paper" not in graph.ntypes or ("paper", "cites", "paper") not in graph.canonical_etypes:
-            raise DatasetError(f"dataset {name!r}: {folder} has no paper-cites-paper relation")
-        src, dst = graph.edges(etype=("paper", "cites", "paper"))
-        paper = graph.nodes["paper"].data
-        g = dgl.graph((src, dst), num_nodes=graph.num_nodes("paper"))
-        for key, value in paper.items():
-            g.ndata[key] = value
-        labels = labels["paper"]
-        split = {part: split[part]["paper"] for part in ("train", "valid", "test")}
         info["node_type"] = "paper (other node types and relations dropped)"
-    else:
-        g = graph
+    if unlabelled:
+        info["unlabelled_nodes"] = unlabelled
+    metric = "micro_f1" if meta["eval metric"] == "rocauc" else "accuracy"
     if name == "ogbn-proteins":
         # proteins: 112 binary tasks -> multi-label; node features from incoming edge features
-        efeat = g.edata["feat"].float()
+        efeat = g.edata.get("feat")
+        if efeat is None or efeat.dim() != 2 or efeat.is_complex():
+            raise DatasetError(f"{where} is corrupt: no edge features [E, k]; {remedy}")
+        efeat = efeat.float()
         _, dst = g.edges()
-        total = torch.zeros(g.num_nodes(), efeat.shape[1]).index_add_(0, dst, efeat)
+        total = torch.zeros(n, efeat.shape[1]).index_add_(0, dst, efeat)
         g.ndata[FEAT] = total / g.in_degrees().clamp(min=1).unsqueeze(1).float()
-        label = labels.float()
-        num_classes, metric = int(label.shape[1]), "micro_f1"
-    else:
-        label = labels.reshape(-1) if labels.dim() == 2 and labels.shape[1] == 1 else labels
-        if label.is_floating_point():  # NaN marks unlabelled nodes (papers100M)
-            unlabelled = torch.isnan(label)
-            info["unlabelled_nodes"] = int(unlabelled.sum())
-            label = torch.where(unlabelled, torch.zeros_like(label), label)
-        label = label.long()
-        num_classes = int(meta["num classes"])
+    feat = g.ndata.get(FEAT)
+    if feat is None or feat.dim() != 2 or feat.is_complex():
+        raise DatasetError(
+            f"{where} is corrupt: the node features are {_describe(feat)}, expected numbers "
+            f"[{n}, F]; {remedy}"
+        )
+    if not bool(torch.isfinite(feat).all()):
+        raise DatasetError(
+            f"{where} is corrupt: a node feature is NaN or infinite (finite numbers only); {remedy}"
+        )
+    g.ndata[FEAT] = feat.float()
     if opts.to_bidirected:
         g = dgl.to_bidirected(g, copy_ndata=True)
-    n = g.num_nodes()
-    g.ndata[FEAT] = g.ndata[FEAT].float()
     g.ndata[LABEL] = label
-    for key, part in ((TRAIN_MASK, "train"), (VAL_MASK, "valid"), (TEST_MASK, "test")):
-        g.ndata[key] = index_mask(n, split[part], f"dataset {name!r}: the {part} split")
+    g.ndata[TRAIN_MASK], g.ndata[VAL_MASK], g.ndata[TEST_MASK] = (
+        masks["train"],
+        masks["valid"],
+        masks["test"],
+    )
     info.update(
         nodes=n,
         edges=int(g.num_edges()),
         to_bidirected=opts.to_bidirected,
-        split={"name": meta["split"], **{k: len(v) for k, v in split.items()}},
+        split={"name": meta["split"], **{k: int(v.sum()) for k, v in masks.items()}},
     )
     return NodeDataset(name, g, num_classes, metric, info).validate()  # type: ignore[arg-type]
 

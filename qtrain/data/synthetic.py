@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,6 +294,11 @@ def _edges(rng: np.random.Generator, sampler: _EdgeSampler, target: int, name: s
     return keys
 
 
+def _index_dtype(n: int) -> type[np.integer]:
+    """The dtype of the stored node ids: int32 while it can hold them."""
+    return np.int32 if n < 2**31 else np.int64
+
+
 def generate(opts: SyntheticOptions, name: str = "synthetic") -> dict[str, np.ndarray]:
     """The dataset as plain arrays (what the cache stores): half edges, features, labels, masks."""
     n = opts.nodes
@@ -303,9 +310,8 @@ def generate(opts: SyntheticOptions, name: str = "synthetic") -> dict[str, np.nd
     sampler = _EdgeSampler(labels, weights, opts.classes, opts.homophily)
     keys = _edges(np.random.default_rng(edge_seq), sampler, opts.undirected_edges, name)
     del sampler
-    index_dtype = np.int32 if n < 2**31 else np.int64
-    edge_u = (keys // n).astype(index_dtype)
-    edge_v = (keys % n).astype(index_dtype)
+    edge_u = (keys // n).astype(_index_dtype(n))
+    edge_v = (keys % n).astype(_index_dtype(n))
     del keys
 
     rng = np.random.default_rng(feat_seq)
@@ -364,6 +370,96 @@ def _identity(opts: SyntheticOptions) -> dict[str, Any]:
     return {"generator": GENERATOR_VERSION, **fields}
 
 
+def _homophily(arrays: dict[str, np.ndarray]) -> float:
+    """Fraction of edges whose ends share a label (NaN without edges)."""
+    same = arrays[LABEL][arrays["edge_u"]] == arrays[LABEL][arrays["edge_v"]]
+    return float(same.mean()) if len(same) else float("nan")
+
+
+def _read_cache(folder: Path, opts: SyntheticOptions) -> dict[str, np.ndarray] | None:
+    """The cached arrays, or None when there is no usable cache.
+
+    The cache holds nothing but what ``generate`` computes from the options,
+    so a corrupt or inconsistent folder (bad bytes, another option set's
+    files, arrays that break the generator's invariants) is deleted, with a
+    one-line warning naming it and the problem, and generated again: what a
+    user expects of a cache, and no wrong value is ever used.
+    """
+    try:
+        cached = load_arrays(folder)
+        if cached is None:
+            return None
+        arrays, meta = cached
+        problem = _cache_problem(arrays, meta, opts)
+        if problem is None:
+            return arrays
+        message = f"the dataset cache {folder} is unusable ({problem})"
+    except DatasetError as exc:
+        message = str(exc)
+    action = "deleted it; generating the dataset again"
+    try:
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+        else:
+            folder.unlink()
+    except FileNotFoundError:  # another process deleted it first
+        pass
+    except OSError as exc:
+        action = f"could not delete it ({exc}); generating the dataset without the cache"
+    warnings.warn(f"{message}; {action}", stacklevel=3)
+    return None
+
+
+def _cache_problem(
+    arrays: dict[str, np.ndarray], meta: dict[str, Any], opts: SyntheticOptions
+) -> str | None:
+    """What makes cached ``arrays`` differ from what ``generate(opts)`` returns, or None.
+
+    meta.json sits in the same folder as the arrays, so shapes and dtypes are
+    checked against the options, and every invariant of the generator is
+    checked too: node ids in range, edges sorted, distinct and without
+    self-loops, labels in range, finite features, masks a partition of the
+    nodes with the sizes the fractions give.
+    """
+    if meta.get("identity") != _identity(opts):
+        return "it was made with other options"
+    n, m = opts.nodes, opts.undirected_edges
+    index = np.dtype(_index_dtype(n))
+    expected = {
+        "edge_u": ((m,), index),
+        "edge_v": ((m,), index),
+        FEAT: ((n, opts.features), np.dtype(np.float32)),
+        LABEL: ((n,), np.dtype(np.int64)),
+        **{key: ((n,), np.dtype(bool)) for key in (TRAIN_MASK, VAL_MASK, TEST_MASK)},
+    }
+    if set(arrays) != set(expected):
+        return f"it holds the arrays {sorted(arrays)}, expected {sorted(expected)}"
+    for key, (shape, dtype) in expected.items():
+        if arrays[key].shape != shape or arrays[key].dtype != dtype:
+            return f"{key} is {arrays[key].dtype} {list(arrays[key].shape)}, expected {dtype} {list(shape)}"
+    for start in range(0, m, _EDGE_CHUNK):  # in chunks, overlapping by one: bounded memory
+        u = arrays["edge_u"][start : start + _EDGE_CHUNK + 1].astype(np.int64)
+        v = arrays["edge_v"][start : start + _EDGE_CHUNK + 1].astype(np.int64)
+        if u.min() < 0 or v.max() >= n or not bool(np.all(u < v)):
+            return f"an edge is not a pair u < v of node ids in 0..{n - 1}"
+        if not bool(np.all(np.diff(u * n + v) > 0)):
+            return "the edges are not sorted and distinct"
+    label = arrays[LABEL]
+    if label.min() < 0 or label.max() >= opts.classes:
+        return f"a label is outside 0..{opts.classes - 1}"
+    for start in range(0, n, _FEAT_CHUNK):
+        if not bool(np.isfinite(arrays[FEAT][start : start + _FEAT_CHUNK]).all()):
+            return "a feature is NaN or infinite"
+    train, val, test = (arrays[k] for k in (TRAIN_MASK, VAL_MASK, TEST_MASK))
+    sizes = (int(train.sum()), int(val.sum()))
+    if not bool(np.all(train.astype(np.int8) + val + test == 1)) or sizes != (
+        int(opts.train_fraction * n),
+        int(opts.val_fraction * n),
+    ):
+        return "the train/val/test masks are not the partition the options give"
+    return None
+
+
 def load_synthetic(opts: SyntheticOptions, name: str = "synthetic") -> NodeDataset:
     """Generate (or read from the cache) the synthetic dataset ``name`` described by ``opts``."""
     try:
@@ -372,23 +468,14 @@ def load_synthetic(opts: SyntheticOptions, name: str = "synthetic") -> NodeDatas
         raise DatasetError(f"dataset {name!r}: {exc}") from None
     folder = cache_folder(opts, name) if opts.cache else None
     started = time.perf_counter()
-    cached = load_arrays(folder) if folder is not None else None
-    if cached is not None:
-        arrays, meta = cached
-        if meta.get("identity") != _identity(opts):
-            raise DatasetError(
-                f"the dataset cache {folder} was made with other options; delete the folder "
-                "and it will be generated again"
-            )
-        homophily = float(meta.get("edge_homophily", float("nan")))
-    else:
+    arrays = _read_cache(folder, opts) if folder is not None else None
+    from_cache = arrays is not None
+    if arrays is None:
         arrays = generate(opts, name)
-        same = arrays[LABEL][arrays["edge_u"]] == arrays[LABEL][arrays["edge_v"]]
-        homophily = float(same.mean()) if len(same) else float("nan")
-        del same
-        if folder is not None:
-            meta = {"name": name, "identity": _identity(opts), "edge_homophily": homophily}
-            save_arrays(folder, arrays, meta)
+    homophily = _homophily(arrays)  # measured, never read from the cache's meta.json
+    if folder is not None and not from_cache:
+        meta = {"name": name, "identity": _identity(opts), "edge_homophily": homophily}
+        save_arrays(folder, arrays, meta)
     seconds = time.perf_counter() - started
     n = opts.nodes
     info = {
@@ -400,7 +487,7 @@ def load_synthetic(opts: SyntheticOptions, name: str = "synthetic") -> NodeDatas
         "undirected_edges": len(arrays["edge_u"]),
         "edge_homophily": homophily,
         "cache": str(folder) if folder is not None else None,
-        "from_cache": cached is not None,
+        "from_cache": from_cache,
         "seconds": round(seconds, 3),
     }
     graph = _graph(arrays, n)

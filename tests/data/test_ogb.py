@@ -10,105 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from ogb_files import E, N, edges, write_arxiv, write_mag, write_proteins
 
 from qtrain.data import DATASETS, load_dataset
 from qtrain.errors import DatasetError
-
-N, E = 30, 60
 
 
 @pytest.fixture(autouse=True)
 def _data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QTRAIN_DATA_DIR", str(tmp_path / "data"))
-
-
-def csv(path: Path, rows: np.ndarray | list, header: list[str] | None = None) -> None:
-    """Write a gzip csv as ogb's raw files are: no index, no header unless given."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows, columns=header).to_csv(
-        path, index=False, header=header is not None, compression="gzip"
-    )
-
-
-def edges(seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    src = rng.integers(0, N, E)
-    dst = (src + rng.integers(1, N, E)) % N  # no self-loops
-    return np.stack([src, dst], 1)
-
-
-def split(folder: Path, name: str) -> None:
-    perm = np.random.default_rng(1).permutation(N)
-    csv(folder / "split" / name / "train.csv.gz", perm[:15, None])
-    csv(folder / "split" / name / "valid.csv.gz", perm[15:20, None])
-    csv(folder / "split" / name / "test.csv.gz", perm[20:, None])
-
-
-def write_arxiv(root: Path) -> Path:
-    folder = root / "ogbn_arxiv"
-    raw = folder / "raw"
-    rng = np.random.default_rng(0)
-    csv(raw / "edge.csv.gz", edges())
-    csv(raw / "num-node-list.csv.gz", [[N]])
-    csv(raw / "num-edge-list.csv.gz", [[E]])
-    csv(raw / "node-feat.csv.gz", rng.standard_normal((N, 4)).round(4))
-    csv(raw / "node_year.csv.gz", rng.integers(2000, 2020, (N, 1)))
-    csv(raw / "node-label.csv.gz", rng.integers(0, 40, (N, 1)))
-    split(folder, "time")
-    (folder / "RELEASE_v1.txt").write_text("fake\n")
-    return folder
-
-
-def write_proteins(root: Path) -> Path:
-    folder = root / "ogbn_proteins"
-    raw = folder / "raw"
-    rng = np.random.default_rng(0)
-    csv(raw / "edge.csv.gz", edges())
-    csv(raw / "num-node-list.csv.gz", [[N]])
-    csv(raw / "num-edge-list.csv.gz", [[E]])
-    csv(raw / "edge-feat.csv.gz", rng.random((E, 8)).round(3))
-    csv(raw / "species.csv.gz", rng.integers(0, 3, (N, 1)))  # ogb renames it node_species
-    csv(raw / "node-label.csv.gz", rng.integers(0, 2, (N, 112)))
-    split(folder, "species")
-    (folder / "RELEASE_v1.txt").write_text("fake\n")
-    return folder
-
-
-def write_mag(root: Path) -> Path:
-    folder = root / "ogbn_mag"
-    raw = folder / "raw"
-    rng = np.random.default_rng(0)
-    authors = 7
-    csv(raw / "num-node-dict.csv.gz", [[authors, N]], header=["author", "paper"])
-    csv(
-        raw / "triplet-type-list.csv.gz",
-        [["author", "writes", "paper"], ["paper", "cites", "paper"]],
-    )
-    for triplet, pairs in (
-        ("paper___cites___paper", edges()),
-        (
-            "author___writes___paper",
-            np.stack([rng.integers(0, authors, 10), rng.integers(0, N, 10)], 1),
-        ),
-    ):
-        csv(raw / "relations" / triplet / "edge.csv.gz", pairs)
-        csv(raw / "relations" / triplet / "num-edge-list.csv.gz", [[len(pairs)]])
-        csv(
-            raw / "relations" / triplet / "edge_reltype.csv.gz",
-            np.zeros((len(pairs), 1), dtype=int),
-        )
-    csv(raw / "node-feat" / "paper" / "node-feat.csv.gz", rng.standard_normal((N, 6)).round(4))
-    csv(raw / "node-feat" / "paper" / "node_year.csv.gz", rng.integers(2000, 2020, (N, 1)))
-    csv(raw / "nodetype-has-label.csv.gz", [[False, True]], header=["author", "paper"])
-    csv(raw / "node-label" / "paper" / "node-label.csv.gz", rng.integers(0, 349, (N, 1)))
-    perm = np.random.default_rng(1).permutation(N)
-    base = folder / "split" / "time"
-    csv(base / "nodetype-has-split.csv.gz", [[False, True]], header=["author", "paper"])
-    csv(base / "paper" / "train.csv.gz", perm[:15, None])
-    csv(base / "paper" / "valid.csv.gz", perm[15:20, None])
-    csv(base / "paper" / "test.csv.gz", perm[20:, None])
-    (folder / "RELEASE_v2.txt").write_text("fake\n")
-    return folder
 
 
 def test_registered_names() -> None:
@@ -287,3 +197,23 @@ def test_bad_split_dict_is_one_line(tmp_path: Path, split_dict: object, expected
     with pytest.raises(DatasetError, match=expected) as err:
         load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
     assert "\n" not in str(err.value)
+
+
+def test_processed_file_is_checked_against_its_recorded_checksum(tmp_path: Path) -> None:
+    """ogb's processed file has no checksum: qtrain records one when ogb writes it, refuses a
+    changed file naming it, and the remedy (delete it) works."""
+    folder = write_arxiv(tmp_path)
+    first = load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    path = folder / "processed" / "dgl_data_processed"
+    assert (folder / "processed" / "dgl_data_processed.crc32").is_file()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # one bit of the last array
+    path.write_bytes(bytes(data))
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path)})
+    message = str(err.value)
+    assert "does not match the checksum" in message and f"delete it ({path})" in message
+    path.unlink()
+    again = load_dataset("ogbn-arxiv", {"root": str(tmp_path)})  # rebuilt from raw/
+    assert torch.equal(first.graph.ndata["feat"], again.graph.ndata["feat"])
+    assert load_dataset("ogbn-arxiv", {"root": str(tmp_path)}).graph.num_nodes() == N
