@@ -64,7 +64,8 @@ def test_doctor_reports_versions_compat_and_extension() -> None:
     assert report["dgl"].startswith("2.")
     assert report["torch"]
     assert "ext-cpu" in report["extensions"] and "ext-cuda" in report["extensions"]
-    assert any("graphbolt" in c for c in report["compat"]) or report["compat"] == []
+    # DGL 2.1's graphbolt has no build for the pinned torch: qtrain replaces it
+    assert "dgl.graphbolt replaced by an empty module (no build for this torch)" in report["compat"]
     assert report["dgl_import_hook"].startswith("installed")  # qtrain_dgl_hook.pth ran
     assert "qtrain's device route" in report["graph_primitives"]
     assert result.exit_code == (0 if report["healthy"] else 1)

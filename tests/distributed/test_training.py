@@ -435,7 +435,9 @@ def test_workers_on_the_device_route_equal_one_process(recipe: Path) -> None:
     assert two["graph_kernels"] == "qtrain"
     assert two["final_loss"] == pytest.approx(single["final_loss"], rel=1e-5)
     require_ext()
-    low = _summary(_qtrain(recipe, *route, "distributed.world_size=2", "distributed.message_bits=8"))
+    low = _summary(
+        _qtrain(recipe, *route, "distributed.world_size=2", "distributed.message_bits=8")
+    )
     assert low["final_loss"] == pytest.approx(single["final_loss"], rel=0.02)
 
 

@@ -33,6 +33,13 @@ def test_tango_within_one_point_of_fp32(example: str, example_runs: ExampleRuns)
             s["plugin_reports"]["tango"]["bits"] for s in example_runs.summaries(example, overrides)
         ]
         print(f"{example} {name}: {mean:.2f} (bits per seed: {bits})")
+        for summary in example_runs.summaries(example, overrides):
+            # a plugin that silently stayed float32 would pass the accuracy bar: the
+            # quantized kernels must have run (the dense products and the quantizer)
+            kernels = summary["kernels"]
+            quantized = {b for b, n in kernels.get("gemm", {}).items() if n and b != "fp32"}
+            assert quantized, f"{example} {name}: no quantized GEMM ran ({kernels.get('gemm')})"
+            assert sum(kernels.get("quantize", {}).values()) > 0, f"{example} {name}: no quantize"
         gap = fp32 - mean
         assert gap <= TOLERANCE, (
             f"{example}: {name} mean {mean:.2f} is {gap:.2f} points below "
