@@ -15,12 +15,12 @@ optimizer never sees a quantized value).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-from qtrain.plugins.tango.policy import QuantPolicy
+from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import GraphCSR
@@ -89,6 +89,36 @@ def _restored(ctx: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return _operands(ctx, _unpacked(ctx)[0])
 
 
+def _floats(ctx: Any) -> list[torch.Tensor]:
+    """The saved operands in float32: dequantized (cache on) or as saved (cache off)."""
+    stored = _unpacked(ctx)[0]
+    if ctx.keeps_quantized:
+        return [dequantize(stored[i], stored[i + 1]) for i in range(0, len(stored), 2)]
+    return stored
+
+
+Grads = tuple[Any, ...]
+
+
+def _backward(
+    ctx: Any,
+    grad: torch.Tensor,
+    primitive: str,
+    quantized: Callable[[Any, torch.Tensor], Grads],
+    fp32: Callable[[Any, torch.Tensor], Grads],
+) -> Grads:
+    """``quantized(ctx, grad)``, or ``fp32(ctx, grad)`` when the incoming gradient holds NaN
+    or Inf (the quantizer refuses it): a diverged step then ends with the non-finite
+    gradients float32 gives instead of failing inside autograd. The forward operands were
+    finite (else the forward ran in float32), so the float32 backward takes them dequantized."""
+    with _kernel_scope():
+        try:
+            return quantized(ctx, grad)
+        except NonFiniteOperand:
+            ctx.policy.fp32(primitive, "gradient not finite")
+            return fp32(ctx, grad)
+
+
 # ---------------------------------------------------------------- GEMM
 
 
@@ -109,21 +139,36 @@ class QuantLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        with _kernel_scope():
-            (qx, sx), (qw, sw) = _restored(ctx)
-            policy: QuantPolicy = ctx.policy
-            qg, sg = policy.fresh(grad.contiguous())
-            dx = dw = db = None
-            if ctx.needs_input_grad[1]:
-                dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
-            if ctx.needs_input_grad[2]:
-                if ctx.linear:  # dW[N, K] = dY^T X
-                    dw = int8_gemm(qg, qx, sg, sx, "tn", None, policy.backend)
-                else:  # dW[K, N] = X^T dY
-                    dw = int8_gemm(qx, qg, sx, sg, "tn", None, policy.backend)
-            if ctx.has_bias and ctx.needs_input_grad[3]:
-                db = grad.sum(0)
-        return None, dx, dw, db, None
+        return _backward(ctx, grad, "gemm", QuantLinear._grads, QuantLinear._fp32_grads)
+
+    @staticmethod
+    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        (qx, sx), (qw, sw) = _restored(ctx)
+        policy: QuantPolicy = ctx.policy
+        qg, sg = policy.fresh(grad.contiguous())
+        dx = dw = None
+        if ctx.needs_input_grad[1]:
+            dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
+        if ctx.needs_input_grad[2]:
+            if ctx.linear:  # dW[N, K] = dY^T X
+                dw = int8_gemm(qg, qx, sg, sx, "tn", None, policy.backend)
+            else:  # dW[K, N] = X^T dY
+                dw = int8_gemm(qx, qg, sx, sg, "tn", None, policy.backend)
+        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None
+
+    @staticmethod
+    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        x, w = _floats(ctx)
+        dx = dw = None
+        if ctx.needs_input_grad[1]:
+            dx = grad @ w if ctx.linear else grad @ w.t()
+        if ctx.needs_input_grad[2]:
+            dw = grad.t() @ x if ctx.linear else x.t() @ grad
+        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None
+
+    @staticmethod
+    def _bias_grad(ctx: Any, grad: torch.Tensor) -> torch.Tensor | None:
+        return grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
 
 
 def quant_linear(
@@ -178,26 +223,45 @@ class QuantSpMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        with _kernel_scope():
-            csr: GraphCSR = ctx.csr
-            policy: QuantPolicy = ctx.policy
-            qg, sg = policy.fresh(grad.contiguous())
-            stored, (w,) = _unpacked(ctx)
-            dx = dw = None
-            if ctx.needs_input_grad[2]:
-                dx = qspmm(
-                    csr.out_indptr,
-                    csr.out_indices,
-                    qg,
-                    sg,
-                    weight=w,
-                    eids=csr.out_eids,
-                    backend=policy.backend,
-                )
-            if w is not None and ctx.needs_input_grad[3]:
-                ((qx, sx),) = _operands(ctx, stored)
-                dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
-                dw = _reduce_to(dots, ctx.w_shape)
+        return _backward(ctx, grad, "spmm", QuantSpMM._grads, QuantSpMM._fp32_grads)
+
+    @staticmethod
+    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        csr: GraphCSR = ctx.csr
+        policy: QuantPolicy = ctx.policy
+        qg, sg = policy.fresh(grad.contiguous())
+        stored, (w,) = _unpacked(ctx)
+        dx = dw = None
+        if ctx.needs_input_grad[2]:
+            dx = qspmm(
+                csr.out_indptr,
+                csr.out_indices,
+                qg,
+                sg,
+                weight=w,
+                eids=csr.out_eids,
+                backend=policy.backend,
+            )
+        if w is not None and ctx.needs_input_grad[3]:
+            ((qx, sx),) = _operands(ctx, stored)
+            dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
+            dw = _reduce_to(dots, ctx.w_shape)
+        return None, None, dx, dw
+
+    @staticmethod
+    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        csr: GraphCSR = ctx.csr
+        src, dst = csr.src.long(), csr.dst.long()
+        (w,) = _unpacked(ctx)[1]
+        grad_e = grad.index_select(0, dst)  # each edge's destination gradient
+        dx = dw = None
+        if ctx.needs_input_grad[2]:
+            messages = grad_e if w is None else grad_e * w
+            dx = grad.new_zeros((csr.num_src, *grad.shape[1:])).index_add_(0, src, messages)
+        if w is not None and ctx.needs_input_grad[3]:
+            (x,) = _floats(ctx)
+            dots = (x.index_select(0, src) * grad_e).sum(-1, keepdim=True)
+            dw = _reduce_to(dots, ctx.w_shape)
         return None, None, dx, dw
 
 
@@ -259,38 +323,56 @@ class QuantSDDMM(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        with _kernel_scope():
-            csr: GraphCSR = ctx.csr
-            policy: QuantPolicy = ctx.policy
-            # rows grouped by the lhs node (src: out-CSR) or by the rhs node
-            src_side = (csr.out_indptr, csr.out_indices, csr.out_eids)
-            dst_side = (csr.in_indptr, csr.in_indices, csr.in_eids)
-            lhs_side, rhs_side = (src_side, dst_side) if ctx.lhs_is_src else (dst_side, src_side)
-            lhs_index, rhs_index = (csr.src, csr.dst) if ctx.lhs_is_src else (csr.dst, csr.src)
-            dx = dy = None
-            if ctx.op in ("add", "sub"):
-                if ctx.needs_input_grad[3]:
-                    dx = _segment_sum(policy, lhs_side[0], lhs_side[2], grad)
-                if ctx.needs_input_grad[4]:
-                    dy = _segment_sum(policy, rhs_side[0], rhs_side[2], grad)
-                    dy = -dy if ctx.op == "sub" else dy
-            elif ctx.op == "dot":
-                (qx, sx), (qy, sy) = _restored(ctx)
-                w = grad.reshape(grad.shape[0], -1)  # [E, H]
-                if ctx.needs_input_grad[3]:
-                    dx = qspmm(lhs_side[0], lhs_side[1], qy, sy, w, lhs_side[2], policy.backend)
-                if ctx.needs_input_grad[4]:
-                    dy = qspmm(rhs_side[0], rhs_side[1], qx, sx, w, rhs_side[2], policy.backend)
-            else:  # mul: elementwise weights per feature, done in float32 on the dequantized data
-                (qx, sx), (qy, sy) = _restored(ctx)
-                if ctx.needs_input_grad[3]:
-                    y_e = dequantize(qy, sy).index_select(0, rhs_index.long())
-                    dx = grad.new_zeros((csr_rows(csr, ctx.lhs_is_src), *grad.shape[1:]))
-                    dx.index_add_(0, lhs_index.long(), grad * y_e)
-                if ctx.needs_input_grad[4]:
-                    x_e = dequantize(qx, sx).index_select(0, lhs_index.long())
-                    dy = grad.new_zeros((csr_rows(csr, not ctx.lhs_is_src), *grad.shape[1:]))
-                    dy.index_add_(0, rhs_index.long(), grad * x_e)
+        return _backward(ctx, grad, "sddmm", QuantSDDMM._grads, QuantSDDMM._fp32_grads)
+
+    @staticmethod
+    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        csr: GraphCSR = ctx.csr
+        policy: QuantPolicy = ctx.policy
+        # rows grouped by the lhs node (src: out-CSR) or by the rhs node
+        src_side = (csr.out_indptr, csr.out_indices, csr.out_eids)
+        dst_side = (csr.in_indptr, csr.in_indices, csr.in_eids)
+        lhs_side, rhs_side = (src_side, dst_side) if ctx.lhs_is_src else (dst_side, src_side)
+        lhs_index, rhs_index = (csr.src, csr.dst) if ctx.lhs_is_src else (csr.dst, csr.src)
+        dx = dy = None
+        if ctx.op in ("add", "sub"):
+            if ctx.needs_input_grad[3]:
+                dx = _segment_sum(policy, lhs_side[0], lhs_side[2], grad)
+            if ctx.needs_input_grad[4]:
+                dy = _segment_sum(policy, rhs_side[0], rhs_side[2], grad)
+                dy = -dy if ctx.op == "sub" else dy
+        elif ctx.op == "dot":
+            (qx, sx), (qy, sy) = _restored(ctx)
+            w = grad.reshape(grad.shape[0], -1)  # [E, H]
+            if ctx.needs_input_grad[3]:
+                dx = qspmm(lhs_side[0], lhs_side[1], qy, sy, w, lhs_side[2], policy.backend)
+            if ctx.needs_input_grad[4]:
+                dy = qspmm(rhs_side[0], rhs_side[1], qx, sx, w, rhs_side[2], policy.backend)
+        else:  # mul: elementwise weights per feature, done in float32 on the dequantized data
+            (qx, sx), (qy, sy) = _restored(ctx)
+            if ctx.needs_input_grad[3]:
+                y_e = dequantize(qy, sy).index_select(0, rhs_index.long())
+                dx = grad.new_zeros((csr_rows(csr, ctx.lhs_is_src), *grad.shape[1:]))
+                dx.index_add_(0, lhs_index.long(), grad * y_e)
+            if ctx.needs_input_grad[4]:
+                x_e = dequantize(qx, sx).index_select(0, lhs_index.long())
+                dy = grad.new_zeros((csr_rows(csr, not ctx.lhs_is_src), *grad.shape[1:]))
+                dy.index_add_(0, rhs_index.long(), grad * x_e)
+        return None, None, None, dx, dy, None
+
+    @staticmethod
+    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        """add and sub: the gradient summed per node. (dot and mul quantize no gradient:
+        they take it as float32 weights.)"""
+        csr: GraphCSR = ctx.csr
+        lhs_index, rhs_index = (csr.src, csr.dst) if ctx.lhs_is_src else (csr.dst, csr.src)
+        dx = dy = None
+        if ctx.needs_input_grad[3]:
+            dx = grad.new_zeros((csr_rows(csr, ctx.lhs_is_src), *grad.shape[1:]))
+            dx.index_add_(0, lhs_index.long(), grad)
+        if ctx.needs_input_grad[4]:
+            dy = grad.new_zeros((csr_rows(csr, not ctx.lhs_is_src), *grad.shape[1:]))
+            dy.index_add_(0, rhs_index.long(), -grad if ctx.op == "sub" else grad)
         return None, None, None, dx, dy, None
 
 

@@ -10,12 +10,18 @@ randomness.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from qtrain.plugins.tango.cache import QuantCache, Quantized
 
 from qtrain.ops.quantize import quantize
+
+
+class NonFiniteOperand(ValueError):
+    """An operand holds NaN or Inf, which the quantizer refuses: the primitive runs in
+    float32 instead, so a diverged step shows NaN / Inf as in float32 rather than failing."""
 
 
 @dataclass
@@ -30,6 +36,8 @@ class QuantPolicy:
     seed: int = 0
     cache: QuantCache | None = field(default_factory=QuantCache)
     backend: str = "auto"
+    # told (primitive, why) when a backward runs in float32 (tango's fp32_calls report)
+    on_fp32: Callable[[str, str], None] | None = None
     _offset: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -42,15 +50,26 @@ class QuantPolicy:
     def fresh(self, x: torch.Tensor) -> Quantized:
         """Quantize x now (gradients, or anything that is used once)."""
         offset = self._take(x.numel()) if self.rounding == "stochastic" else 0
-        return quantize(
-            x, self.bits, self.rounding, seed=self.seed, offset=offset, backend=self.backend
-        )
+        try:
+            return quantize(
+                x, self.bits, self.rounding, seed=self.seed, offset=offset, backend=self.backend
+            )
+        except ValueError:
+            # checked only once the quantizer has refused x: no extra pass when x is finite
+            if bool(torch.isfinite(x).all()):
+                raise
+            raise NonFiniteOperand("operand holds NaN or Inf") from None
 
     def cached(self, x: torch.Tensor) -> Quantized:
         """Quantize x, reusing an earlier quantization of the same unchanged tensor if cached."""
         if self.cache is None:
             return self.fresh(x)
         return self.cache.get_or_quantize(x, (self.bits, self.rounding, self.seed), self.fresh)
+
+    def fp32(self, primitive: str, why: str) -> None:
+        """Report that a part of ``primitive`` ran in float32 (see ``on_fp32``)."""
+        if self.on_fp32 is not None:
+            self.on_fp32(primitive, why)
 
     def note_reuse(self) -> None:
         """Count a forward-to-backward reuse of a quantized operand."""

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 from qtrain.plugins.tango.cache import QuantCache
-from qtrain.plugins.tango.functions import quant_linear
-from qtrain.plugins.tango.policy import QuantPolicy
+from qtrain.plugins.tango.functions import inside_kernel, quant_linear
+from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 import qtrain
 from qtrain._compat import import_dgl
@@ -184,31 +184,33 @@ def _fp32_and_tango(fn: Any, *inputs: torch.Tensor, **options: Any) -> tuple[lis
     return results[0], results[1]
 
 
-@pytest.mark.parametrize(
-    ("name", "fn", "shapes"),
-    [
-        ("copy_u_sum", lambda g, x: dgl.ops.copy_u_sum(g, x), [("n", 12)]),
-        ("copy_u_mean", lambda g, x: dgl.ops.copy_u_mean(g, x), [("n", 5)]),
-        ("u_mul_e_sum", lambda g, x, w: dgl.ops.u_mul_e_sum(g, x, w), [("n", 9), ("e", 1)]),
-        (
-            "u_mul_e_heads",
-            lambda g, x, w: dgl.ops.u_mul_e_sum(g, x, w),
-            [("n", 4, 6), ("e", 4, 1)],
-        ),
-        ("copy_e_sum", lambda g, w: dgl.ops.copy_e_sum(g, w), [("e", 3)]),
-        ("u_add_v", lambda g, a, b: dgl.ops.u_add_v(g, a, b), [("n", 4, 1), ("n", 4, 1)]),
-        ("u_sub_v", lambda g, a, b: dgl.ops.u_sub_v(g, a, b), [("n", 7), ("n", 7)]),
-        ("u_mul_v", lambda g, a, b: dgl.ops.u_mul_v(g, a, b), [("n", 7), ("n", 7)]),
-        ("u_dot_v", lambda g, a, b: dgl.ops.u_dot_v(g, a, b), [("n", 2, 8), ("n", 2, 8)]),
-        ("v_dot_u", lambda g, a, b: dgl.ops.v_dot_u(g, a, b), [("n", 8), ("n", 8)]),
-    ],
-)
+_PRIMITIVE_CASES = [
+    ("copy_u_sum", lambda g, x: dgl.ops.copy_u_sum(g, x), [("n", 12)]),
+    ("copy_u_mean", lambda g, x: dgl.ops.copy_u_mean(g, x), [("n", 5)]),
+    ("u_mul_e_sum", lambda g, x, w: dgl.ops.u_mul_e_sum(g, x, w), [("n", 9), ("e", 1)]),
+    (
+        "u_mul_e_heads",
+        lambda g, x, w: dgl.ops.u_mul_e_sum(g, x, w),
+        [("n", 4, 6), ("e", 4, 1)],
+    ),
+    ("copy_e_sum", lambda g, w: dgl.ops.copy_e_sum(g, w), [("e", 3)]),
+    ("u_add_v", lambda g, a, b: dgl.ops.u_add_v(g, a, b), [("n", 4, 1), ("n", 4, 1)]),
+    ("u_sub_v", lambda g, a, b: dgl.ops.u_sub_v(g, a, b), [("n", 7), ("n", 7)]),
+    ("u_mul_v", lambda g, a, b: dgl.ops.u_mul_v(g, a, b), [("n", 7), ("n", 7)]),
+    ("u_dot_v", lambda g, a, b: dgl.ops.u_dot_v(g, a, b), [("n", 2, 8), ("n", 2, 8)]),
+    ("v_dot_u", lambda g, a, b: dgl.ops.v_dot_u(g, a, b), [("n", 8), ("n", 8)]),
+]
+
+
+def _primitive_inputs(g: Any, shapes: list) -> list[torch.Tensor]:
+    torch.manual_seed(1)
+    return [torch.randn((g.num_nodes() if s[0] == "n" else g.num_edges(), *s[1:])) for s in shapes]
+
+
+@pytest.mark.parametrize(("name", "fn", "shapes"), _PRIMITIVE_CASES)
 def test_dgl_primitives_match_fp32_at_8_bits(name: str, fn: Any, shapes: list) -> None:
     g = _graph(self_loops=False)  # zero-degree nodes included
-    torch.manual_seed(1)
-    inputs = [
-        torch.randn((g.num_nodes() if s[0] == "n" else g.num_edges(), *s[1:])) for s in shapes
-    ]
+    inputs = _primitive_inputs(g, shapes)
     ref, got = _fp32_and_tango(lambda *t: fn(g, *t), *inputs)
     for r, q in zip(ref, got, strict=True):
         assert r.shape == q.shape
@@ -216,6 +218,64 @@ def test_dgl_primitives_match_fp32_at_8_bits(name: str, fn: Any, shapes: list) -
     counts = dispatch.snapshot()
     quantized = {k: v for k, v in counts.items() if k in ("spmm", "sddmm")}
     assert quantized and all("fp32" not in per for per in quantized.values()), counts
+
+
+@pytest.fixture
+def refused_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantizer refuses every tensor tango's backward quantizes, as it refuses a
+    gradient holding NaN / Inf: each backward must then run in float32."""
+    real = QuantPolicy.fresh
+
+    def fresh(self: QuantPolicy, x: torch.Tensor) -> Any:
+        if inside_kernel():
+            raise NonFiniteOperand("operand holds NaN or Inf")
+        return real(self, x)
+
+    monkeypatch.setattr(QuantPolicy, "fresh", fresh)
+
+
+# their backward quantizes no gradient: copy_e hands it to the edges, mul and dot take it
+# as float32 weights
+_FLOAT_BACKWARD = {"copy_e_sum", "u_mul_v", "u_dot_v", "v_dot_u"}
+
+
+@pytest.mark.usefixtures("refused_gradients")
+@pytest.mark.parametrize(("name", "fn", "shapes"), _PRIMITIVE_CASES)
+def test_primitive_backward_in_fp32_when_the_gradient_is_refused(
+    name: str, fn: Any, shapes: list
+) -> None:
+    g = _graph(self_loops=False)
+    ref, got = _fp32_and_tango(lambda *t: fn(g, *t), *_primitive_inputs(g, shapes))
+    for r, q in zip(ref, got, strict=True):
+        assert r.shape == q.shape
+        assert _rel(q, r) < 0.03, name  # float32 products of the 8-bit forward operands
+    fp32 = {k: v.get("fp32", 0) for k, v in dispatch.snapshot().items()}
+    assert (fp32.get("spmm", 0) + fp32.get("sddmm", 0) > 0) == (name not in _FLOAT_BACKWARD)
+
+
+@pytest.mark.usefixtures("refused_gradients")
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("linear", [True, False])
+def test_gemm_backward_in_fp32_when_the_gradient_is_refused(linear: bool, cache: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(20, 9, requires_grad=True)
+    w = torch.randn(5, 9) if linear else torch.randn(9, 5)
+    w.requires_grad_(True)
+    b = torch.randn(5, requires_grad=True)
+    told: list[tuple[str, str]] = []
+    policy = QuantPolicy(
+        rounding="nearest",
+        cache=QuantCache() if cache else None,
+        on_fp32=lambda *why: told.append(why),
+    )
+    y = quant_linear(policy, x, w, b, linear=linear)
+    ref = torch.nn.functional.linear(x, w, b) if linear else x @ w + b
+    g = torch.randn_like(ref)
+    for got, want in zip(
+        torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(ref, (x, w, b), g), strict=True
+    ):
+        assert _rel(got, want) < 0.02
+    assert told == [("gemm", "gradient not finite")]
 
 
 def test_unsupported_variants_run_dgl_fp32_and_are_counted() -> None:
