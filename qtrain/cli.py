@@ -181,8 +181,12 @@ def run(
         _print_json(summary)
         return
     metric = summary.get("metric", "accuracy")
+
+    def shown(value: float | None) -> str:  # a split without nodes has no number
+        return "none" if value is None else f"{value:.4f}"
+
     out.print(
-        f"test {metric} {summary['test_acc']:.4f}  val {summary['val_acc']:.4f}  "
+        f"test {metric} {shown(summary['test_acc'])}  val {shown(summary['val_acc'])}  "
         f"best epoch {summary['best_epoch']}/{summary['epochs']}  "
         f"{summary['epoch_time_s'] * 1000:.1f} ms/epoch (median)",
         highlight=False,

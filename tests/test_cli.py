@@ -98,6 +98,13 @@ def test_run_json_summary_and_run_directory(tiny_recipe: Path) -> None:
     assert "epochs = 2" in (run_dir / "recipe.toml").read_text()
 
 
+def test_a_split_without_nodes_prints_none(tiny_recipe: Path) -> None:
+    sets = ["--set", "train.epochs=2", "--set", "dataset.val_fraction=0.0"]
+    result = runner.invoke(app, ["run", str(tiny_recipe), *sets])
+    assert result.exit_code == 0, result.output
+    assert " val none " in result.stdout and "test accuracy 0." in result.stdout
+
+
 def test_run_with_trace_plugin_reports_primitive_calls(tiny_recipe: Path) -> None:
     result = runner.invoke(app, ["run", str(tiny_recipe), "--json", "--set", "quant.plugin=trace"])
     assert result.exit_code == 0, result.output

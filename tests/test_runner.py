@@ -273,12 +273,30 @@ def test_multilabel_task_uses_bce_and_micro_f1(
 def test_metrics() -> None:
     logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [3.0, 1.0]])
     assert metrics.accuracy(logits, torch.tensor([0, 1, 1])) == pytest.approx(2 / 3)
-    assert metrics.accuracy(logits[:0], torch.tensor([], dtype=torch.long)) == 0.0
+    # a split with no nodes has no metric (it used to read 0.0000)
+    assert metrics.accuracy(logits[:0], torch.tensor([], dtype=torch.long)) is None
     multi = torch.tensor([[1.0, -1.0], [1.0, 1.0]])
     truth = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
     # tp = 2, fp = 1, fn = 1 -> 2*2 / (4 + 1 + 1)
     assert metrics.micro_f1(multi, truth) == pytest.approx(4 / 6)
     assert metrics.micro_f1(-multi.abs(), torch.zeros(2, 2)) == 0.0
+    assert metrics.micro_f1(multi[:0], truth[:0]) is None
+
+
+def test_a_graph_without_validation_nodes_reports_none_not_zero(tmp_path: Path) -> None:
+    """No validation node: nothing to select the best epoch on; the latest evaluation
+    stands, its test metric is reported and the validation metric is none."""
+    summary = execute(
+        recipe(tmp_path, dataset={"val_fraction": 0.0}, train={"epochs": 4, "eval_every": 2}),
+        reporter=Reporter(),
+    )
+    assert summary["status"] == "completed"
+    assert summary["val_acc"] is None and summary["best_epoch"] == 4
+    assert summary["test_acc"] is not None and 0.0 < summary["test_acc"] <= 1.0
+    records = read_metrics(summary["run_dir"])
+    assert [r.get("val_acc", "absent") for r in records] == ["absent", None, "absent", None]
+    on_disk = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    assert on_disk["val_acc"] is None
 
 
 def test_reporters_write_to_their_stream_only(

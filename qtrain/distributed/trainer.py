@@ -329,7 +329,7 @@ class DistTrainer(Trainer):
         return float(total.item()), self.metric_fn(*self._gather(logits, "train"))
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float | None]:
         self.model.eval()
         logits = self.model(self.blocks, self.feat)
         return {split: self.metric_fn(*self._gather(logits, split)) for split in ("val", "test")}

@@ -250,7 +250,7 @@ class Trainer:
         return total_loss / max(seen, 1), train_metric
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float | None]:
         """Validation and test metrics of the model in eval mode (all neighbours)."""
         self.model.eval()
         if self.minibatch:
@@ -326,7 +326,9 @@ class Trainer:
                 eval_time = time.perf_counter() - start
                 record.update(val_acc=scores["val"], test_acc=scores["test"], eval_time_s=eval_time)
                 state.eval_times.append(eval_time)
-                if state.best_val is None or scores["val"] > state.best_val:
+                val = scores["val"]
+                # no validation node: nothing to select on, the latest evaluation stands
+                if val is None or state.best_val is None or val > state.best_val:
                     improved = True
                     state.best_epoch, state.best_val, state.best_test = (
                         epoch,

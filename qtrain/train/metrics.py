@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# None for a split with no nodes: a number there would be one the run did not earn
+MetricFn = Callable[[torch.Tensor, torch.Tensor], float | None]
 
 
 def loss_function(metric: str) -> LossFn:
@@ -17,15 +19,18 @@ def loss_function(metric: str) -> LossFn:
     return F.cross_entropy
 
 
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Fraction of rows whose arg-max is the label (0.0 on an empty set)."""
-    if labels.numel() == 0:
-        return 0.0
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float | None:
+    """Fraction of rows whose arg-max is the label (None on an empty set)."""
+    if labels.shape[0] == 0:
+        return None
     return float((logits.argmax(dim=-1) == labels).float().mean().item())
 
 
-def micro_f1(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Micro-averaged F1 of ``logits > 0`` against 0/1 labels (0.0 when nothing is positive)."""
+def micro_f1(logits: torch.Tensor, labels: torch.Tensor) -> float | None:
+    """Micro-averaged F1 of ``logits > 0`` against 0/1 labels (0.0 when nothing is positive,
+    None on an empty set)."""
+    if labels.shape[0] == 0:
+        return None
     pred = logits > 0
     truth = labels > 0.5
     tp = (pred & truth).sum().item()
@@ -35,7 +40,7 @@ def micro_f1(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float(2 * tp / denom) if denom else 0.0
 
 
-def metric_function(metric: str) -> Callable[[torch.Tensor, torch.Tensor], float]:
+def metric_function(metric: str) -> MetricFn:
     """The evaluation function for a dataset's ``metric``."""
     if metric == "micro_f1":
         return micro_f1
