@@ -44,7 +44,10 @@ class DglFileOptions:
     val_mask: str = option("val_mask", "node-data field holding the validation mask [N]")
     test_mask: str = option("test_mask", "node-data field holding the test mask [N]")
     num_classes: int = option(
-        0, "number of classes; 0 = max label + 1 (or the label width for multi-label)", min=0
+        0,
+        "number of classes; 0 = max label + 1 (or the label width for multi-label)",
+        min=0,
+        max=1_000_000,
     )
 
 
@@ -126,6 +129,12 @@ def _labels(
         info["unlabelled_nodes"] = int(negative.sum())
         label = torch.where(negative, torch.zeros_like(label), label)
     inferred = int(label.max()) + 1 if n else 0
+    if inferred > n:  # a stray label of 1e9 once built a 1e9-class output layer
+        raise DatasetError(
+            f"{where}: label field {field} goes up to {inferred - 1}, but the graph has {n} "
+            "nodes, so most of those classes have no node; labels must be class ids 0..C-1 "
+            "(a stray value?)"
+        )
     num_classes = opts.num_classes or inferred
     if num_classes < inferred:
         raise DatasetError(

@@ -172,6 +172,14 @@ def test_num_classes_too_small(tmp_path: Path) -> None:
     assert "labels go up to 2" in error(tmp_path, {"path": path, "num_classes": 2})
 
 
+def test_a_stray_huge_label_is_refused_not_built_into_the_output_layer(tmp_path: Path) -> None:
+    label = torch.arange(N) % 3
+    label[4] = 10**9  # one changed value once made a 1e9-class output layer
+    path = save(tmp_path / "g.bin", make_graph(label=label))
+    message = error(tmp_path, {"path": path})
+    assert f"goes up to {10**9}, but the graph has {N} nodes" in message
+
+
 def test_heterograph_is_refused(tmp_path: Path) -> None:
     g = dgl.heterograph({("a", "r", "b"): ([0, 1], [1, 0])})
     path = save(tmp_path / "h.bin", g)
