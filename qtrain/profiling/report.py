@@ -23,6 +23,18 @@ def speedups(profile: Profile, baseline: Profile) -> dict[str, float | None]:
     return out
 
 
+def epoch_spread(profile: Profile, baseline: Profile) -> dict[str, Any]:
+    """The epoch speedup from the epochs' wall times: the ratio of the medians, and the
+    range it can take over the profiled epochs (baseline's fastest over this slowest, and
+    the other way round). One run each: a range that straddles 1 is no speedup."""
+    return {
+        "median": baseline.epoch_ms_median / profile.epoch_ms_median,
+        "min": baseline.epoch_ms_min / profile.epoch_ms_max,
+        "max": baseline.epoch_ms_max / profile.epoch_ms_min,
+        "epochs": [profile.epochs, baseline.epochs],
+    }
+
+
 def plugin_facts(profile: Profile) -> dict[str, Any]:
     """Cache hits / misses, activation bytes and message bytes, where the run produced them."""
     facts: dict[str, Any] = {}
@@ -62,6 +74,7 @@ def to_json(
             "epoch_ms": baseline.epoch_ms,
             "primitives": [r.to_json() for r in baseline.rows],
             "speedup": speedups(profile, baseline),
+            "epoch_speedup_spread": epoch_spread(profile, baseline),
         }
     out.update(extra)
     return out
@@ -136,10 +149,26 @@ def footer(profile: Profile, baseline: Profile | None, compare: str | None) -> l
             lines.append(f"{key}: {value / MIB:,.1f} MiB")
         else:
             lines.append(f"{key}: {value}")
+    lines.append(
+        f"epoch wall time: median {profile.epoch_ms_median:,.1f} ms "
+        f"({profile.epoch_ms_min:,.1f}-{profile.epoch_ms_max:,.1f}) over {profile.epochs} epochs"
+    )
     if baseline is not None:
+        spread = epoch_spread(profile, baseline)
         lines.append(
             f"baseline {compare}: {baseline.epoch_ms:,.1f} ms/epoch "
-            f"(traced {baseline.traced_share:.1%})"
+            f"(traced {baseline.traced_share:.1%}); wall median {baseline.epoch_ms_median:,.1f} ms "
+            f"({baseline.epoch_ms_min:,.1f}-{baseline.epoch_ms_max:,.1f})"
+        )
+        verdict = (
+            "no clear difference: the range straddles 1"
+            if spread["min"] <= 1 <= spread["max"]
+            else ("faster" if spread["min"] > 1 else "slower")
+        )
+        lines.append(
+            f"epoch speedup vs {compare}: {spread['median']:.2f}x (range {spread['min']:.2f}-"
+            f"{spread['max']:.2f}x over the profiled epochs; {verdict}; for repeated runs with "
+            "seeds use qtrain compare)"
         )
     return lines
 

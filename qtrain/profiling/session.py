@@ -53,6 +53,8 @@ class Profile:
     rows: list[Row]
     epoch_ms: float  # mean of the profiled epochs (the rows' denominator)
     epoch_ms_median: float
+    epoch_ms_min: float  # the fastest and slowest profiled epoch (wall clock): the spread
+    epoch_ms_max: float
     unprofiled_epoch_ms: float | None  # median warm-up epoch after the first, no profiler
     untraced_ms: float
     epochs: int
@@ -197,6 +199,8 @@ def profile_recipe(
         rows=rows(attributed),
         epoch_ms=sum(attributed.epoch_us) / max(attributed.epochs, 1) / 1e3,
         epoch_ms_median=statistics.median(walls) * 1e3,
+        epoch_ms_min=min(walls) * 1e3,
+        epoch_ms_max=max(walls) * 1e3,
         unprofiled_epoch_ms=statistics.median(warm[1:]) * 1e3 if len(warm) > 1 else None,
         untraced_ms=attributed.untraced_us / max(attributed.epochs, 1) / 1e3,
         epochs=attributed.epochs,

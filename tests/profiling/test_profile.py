@@ -193,6 +193,9 @@ def test_profile_compare_fp32_adds_speedups(tiny_gat: Path) -> None:
     compare = out["compare"]
     assert compare["baseline"] == "fp32" and compare["epoch_ms"] > 0
     assert compare["speedup"]["epoch"] == pytest.approx(compare["epoch_ms"] / out["epoch_ms"])
+    spread = compare["epoch_speedup_spread"]  # one run each: the ratio comes with its range
+    assert spread["min"] <= spread["median"] <= spread["max"] and spread["epochs"] == [1, 1]
+    assert "epoch speedup vs fp32" in result.stdout and "range" in result.stdout
     assert {p["backend"] for p in compare["primitives"]} <= {"torch", "dgl"}
     gemm = [p for p in out["primitives"] if p["name"] == "GEMM" and p["backend"] == "ext-cpu"]
     assert gemm and 0 < gemm[0]["quantizing_share"] < 1
