@@ -11,7 +11,6 @@ registry entries declare, so a typo anywhere fails before training starts.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -351,50 +350,22 @@ def recipe_tables(recipe: Recipe) -> dict[str, Any]:
     }
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        escaped = (
-            value.replace("\\", "\\\\")
-            .replace('"', '\\"')
-            .replace("\n", "\\n")
-            .replace("\t", "\\t")
-        )
-        return f'"{escaped}"'
+def _plain(value: Any) -> Any:
+    """Tuples as lists, nested: what a TOML writer takes."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+        return [_plain(v) for v in value]
+    return value
 
 
 def dumps_toml(tables: Mapping[str, Any], header: str = "") -> str:
-    """Write nested dicts (tables of scalars, lists and sub-tables) as TOML."""
-    lines = [f"# {line}" for line in header.splitlines()]
+    """Nested dicts (tables of scalars, lists and sub-tables) as TOML, written by tomli-w
+    (which escapes every control character, so any string reads back as it was)."""
+    import tomli_w
 
-    def emit(prefix: str, table: Mapping[str, Any]) -> None:
-        if lines:
-            lines.append("")
-        lines.append(f"[{prefix}]")
-        subtables = []
-        for key, value in table.items():
-            if isinstance(value, Mapping):
-                subtables.append((key, value))
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
-        for key, value in subtables:
-            emit(f"{prefix}.{key}", value)
-
-    for key, value in tables.items():
-        emit(key, value)
-    return "\n".join(lines) + "\n"
+    comments = "".join(f"# {line}\n" for line in header.splitlines())
+    return comments + ("\n" if comments else "") + tomli_w.dumps(_plain(tables))
 
 
 def resolve_toml(recipe: Recipe, header: str = "") -> str:
