@@ -67,6 +67,11 @@ class TrainState:
         }
 
 
+def cpu_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A CPU copy of ``model``'s state dict (training goes on changing the model)."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
 def graph_tensors(graph: Any) -> list[torch.Tensor]:
     """The feature tensors a DGL graph or block carries (node and edge data)."""
     frames = (
@@ -336,10 +341,7 @@ class Trainer:
                         scores["test"],
                     )
                     state.best_train = train_metric
-                    state.best_state = {
-                        k: v.detach().to("cpu", copy=True)
-                        for k, v in self.model.state_dict().items()
-                    }
+                    state.best_state = cpu_state(self.model)
                     state.evals_without_improvement = 0
                 else:
                     state.evals_without_improvement += 1

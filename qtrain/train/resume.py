@@ -26,9 +26,9 @@ import torch
 
 from qtrain.errors import QtrainError
 from qtrain.models.dropout import NodeDropout
-from qtrain.train.loop import Trainer, TrainState
+from qtrain.train.loop import Trainer, TrainState, cpu_state
+from qtrain.train.rundir import RECIPE, RESUME
 
-RESUME_FILE = "resume.pt"
 FORMAT = 1
 
 
@@ -49,9 +49,7 @@ def capture(trainer: Trainer, state: TrainState, plugins: Any) -> dict[str, Any]
     return {
         "format": FORMAT,
         "epoch": state.epochs_run,
-        "model": {
-            k: v.detach().to("cpu", copy=True) for k, v in trainer.model.state_dict().items()
-        },
+        "model": cpu_state(trainer.model),
         "optimizer": trainer.optimizer.state_dict(),
         "train_state": {f.name: getattr(state, f.name) for f in dataclasses.fields(state)},
         "dropout_steps": _dropout_steps(trainer.model),
@@ -67,19 +65,19 @@ def capture(trainer: Trainer, state: TrainState, plugins: Any) -> dict[str, Any]
 
 def load(run_dir: Path) -> dict[str, Any]:
     """``run_dir``'s resume state, or a QtrainError saying why there is none."""
-    path = run_dir / RESUME_FILE
+    path = run_dir / RESUME
     if not path.is_file():
         raise QtrainError(
-            f"--resume {run_dir}: no {RESUME_FILE} there (it is written every "
+            f"--resume {run_dir}: no {RESUME} there (it is written every "
             "output.checkpoint_every epochs and when a run completes; a run stopped before "
             "its first one, or with output.checkpoint = false, cannot resume)"
         )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise QtrainError(f"--resume {run_dir}: {RESUME_FILE} cannot be read ({exc})") from None
+        raise QtrainError(f"--resume {run_dir}: {RESUME} cannot be read ({exc})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise QtrainError(f"--resume {run_dir}: {RESUME_FILE} is not a qtrain resume state")
+        raise QtrainError(f"--resume {run_dir}: {RESUME} is not a qtrain resume state")
     return payload
 
 
@@ -110,9 +108,9 @@ def recipe_of(run_dir: Path, overrides: list[str]) -> Any:
     ``train.epochs`` alone: anything else would make the resumed run another run."""
     from qtrain.recipe import load_recipe
 
-    path = run_dir / "recipe.toml"
+    path = run_dir / RECIPE
     if not path.is_file():
-        raise QtrainError(f"--resume {run_dir}: not a run directory (no recipe.toml there)")
+        raise QtrainError(f"--resume {run_dir}: not a run directory (no {RECIPE} there)")
     recorded = load_recipe(path, [])
     recipe = load_recipe(path, overrides)
     same_epochs = dataclasses.replace(recipe.train, epochs=recorded.train.epochs)

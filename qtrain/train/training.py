@@ -140,7 +140,9 @@ def train_prepared(
                 )
             )
             trainer.run(state)
-            if recipe.output.checkpoint:  # a finished run can be extended (--resume)
+            every = recipe.output.checkpoint_every
+            just_written = every and state.epochs_run % every == 0  # by the periodic write
+            if recipe.output.checkpoint and not just_written:  # a finished run can be extended
                 try:
                     run.write_resume(resume_state.capture(trainer, state, session))
                 except OSError as exc:  # the run's results stand; only extending it is lost
