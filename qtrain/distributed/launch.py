@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +314,31 @@ def launch(recipe: Recipe) -> dict[str, Any]:
     return json.loads(summary_file.read_text())
 
 
+@contextlib.contextmanager
+def process_group(backend: str, rank: int, world: int, timeout_s: float) -> Iterator[None]:
+    """Join the workers' process group for the ``with`` body, and leave it so that its
+    threads are gone before the interpreter exits.
+
+    ``torch.distributed.nn.functional`` binds the live default group into ten default
+    arguments when first imported, and ``torch._dynamo`` (which the first optimizer
+    imports) imports it. Imported after ``init_process_group``, it keeps the group alive
+    past ``destroy_process_group``: gloo's threads then outlive ``main`` and, if one drops
+    the last reference to a tensor while the interpreter finalizes, the worker dies of
+    SIGABRT after a finished run. Imported first, it binds ``None``.
+    """
+    import torch.distributed.nn.functional  # noqa: F401  (see above)
+
+    dist.init_process_group(
+        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    try:
+        yield
+        # nobody tears its connections down while a peer still uses them
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
     """Train ``recipe`` as the worker that ``RANK`` / ``WORLD_SIZE`` name."""
     from qtrain.distributed.adaptive import AdaptiveBits, aggregation, message_coefficients
@@ -334,65 +360,56 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
     if not recipe.train.threads and "LOCAL_WORLD_SIZE" in os.environ:
         local = max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-    dist.init_process_group(
-        cfg.backend,
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=cfg.timeout_s),
-    )
-    try:
-        with prepared(recipe, device) as (dataset, graph, model, device):
-            # collectives move tensors of the worker's device (nccl: its GPU)
-            parts = torch.empty(graph.num_nodes(), dtype=torch.int64, device=device)
-            if rank == 0:
-                parts = assign_parts(graph, world, cfg.partition, recipe.train.seed).to(device)
-            dist.broadcast(parts, 0)
-            parts = parts.cpu()  # partitioning runs on the CPU copy of the structure
-            for tensor in model.state_dict().values():
-                dist.broadcast(tensor, 0)
-            path = [os.environ.get(ENV_RUN_DIR) or None]
-            if rank == 0 and path[0] is None:
-                path[0] = str(create_run_dir(recipe.output.dir, recipe.name))
-            dist.broadcast_object_list(path, 0)
-            run = RunDir(Path(path[0])) if rank == 0 else DiscardRunDir(Path(path[0]))
-            part = build_partition(graph, parts, rank, world)
-            adaptive = None
-            if cfg.message_bits == "adaptive":
-                adaptive = AdaptiveBits(
-                    part,
-                    message_coefficients(graph, parts, part, aggregation(recipe.model.name)),
-                    lam=cfg.lambda_,
-                    group_size=cfg.group_size,
-                    period=cfg.reassign_period,
-                    device=device,
-                )
-                messenger = Messenger(part, adaptive.plan, recipe.train.seed)
-            else:
-                bits = int(cfg.message_bits)
-                uniform = (
-                    BitPlan.uniform(part.send_counts, bits),
-                    BitPlan.uniform(part.recv_counts, bits),
-                )
-                messenger = Messenger(part, lambda _layer, _direction: uniform, recipe.train.seed)
-
-            def make_trainer(model: Any, graph: Any, **kwargs: Any) -> DistTrainer:
-                return DistTrainer(
-                    model, graph, part, messenger, adaptive=adaptive, overlap=cfg.overlap, **kwargs
-                )
-
-            summary = train_prepared(
-                recipe,
-                dataset,
-                graph,
-                model,
-                device,
-                reporter if rank == 0 else Reporter(),
-                run=run,
-                make_trainer=make_trainer,
+    with (
+        process_group(cfg.backend, rank, world, cfg.timeout_s),
+        prepared(recipe, device) as (dataset, graph, model, device),
+    ):
+        # collectives move tensors of the worker's device (nccl: its GPU)
+        parts = torch.empty(graph.num_nodes(), dtype=torch.int64, device=device)
+        if rank == 0:
+            parts = assign_parts(graph, world, cfg.partition, recipe.train.seed).to(device)
+        dist.broadcast(parts, 0)
+        parts = parts.cpu()  # partitioning runs on the CPU copy of the structure
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, 0)
+        path = [os.environ.get(ENV_RUN_DIR) or None]
+        if rank == 0 and path[0] is None:
+            path[0] = str(create_run_dir(recipe.output.dir, recipe.name))
+        dist.broadcast_object_list(path, 0)
+        run = RunDir(Path(path[0])) if rank == 0 else DiscardRunDir(Path(path[0]))
+        part = build_partition(graph, parts, rank, world)
+        adaptive = None
+        if cfg.message_bits == "adaptive":
+            adaptive = AdaptiveBits(
+                part,
+                message_coefficients(graph, parts, part, aggregation(recipe.model.name)),
+                lam=cfg.lambda_,
+                group_size=cfg.group_size,
+                period=cfg.reassign_period,
+                device=device,
             )
-        # nobody tears its connections down while a peer still uses them: a worker
-        # whose peer closed first could abort in gloo's threads on the way out
-        dist.barrier()
-        return summary
-    finally:
-        dist.destroy_process_group()
+            messenger = Messenger(part, adaptive.plan, recipe.train.seed)
+        else:
+            bits = int(cfg.message_bits)
+            uniform = (
+                BitPlan.uniform(part.send_counts, bits),
+                BitPlan.uniform(part.recv_counts, bits),
+            )
+            messenger = Messenger(part, lambda _layer, _direction: uniform, recipe.train.seed)
+
+        def make_trainer(model: Any, graph: Any, **kwargs: Any) -> DistTrainer:
+            return DistTrainer(
+                model, graph, part, messenger, adaptive=adaptive, overlap=cfg.overlap, **kwargs
+            )
+
+        summary = train_prepared(
+            recipe,
+            dataset,
+            graph,
+            model,
+            device,
+            reporter if rank == 0 else Reporter(),
+            run=run,
+            make_trainer=make_trainer,
+        )
+    return summary
