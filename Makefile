@@ -44,11 +44,12 @@ lint: $(DEPS)
 doctor: $(BUILT)
 	$(BIN)/qtrain doctor
 
-# every bench script in a fresh process; bench/results/<host>-<date>.json and .md
+# every bench script in a fresh process; bench/results/<host>-<date>.json and .md, and the
+# README's performance tables rewritten from them (refused with uncommitted changes)
 bench: $(BUILT)
-	$(BIN)/python bench/suite.py
+	$(BIN)/python bench/suite.py --readme README.md
 
-# the same cases, one size each and fewer repetitions (under 5 minutes on 2 cores)
+# the same cases, one size each and fewer repetitions (about 5 minutes on 2 cores); results only
 bench-quick: $(BUILT)
 	$(BIN)/python bench/suite.py --quick
 

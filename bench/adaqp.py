@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(variants(4, 1)),
         help="runs per model and seed (the bars need single, w32 and adaptive)",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads in all (0: each run's default); workers get an equal share",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -110,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"output.dir={json.dumps(out)}",
                         "output.checkpoint=false",
                     ]
+                    if args.threads:
+                        share = args.threads if name == "single" else args.threads // args.workers
+                        common.append(f"train.threads={max(1, share)}")
                     summary = run(MODELS[model], [*common, *sets])
                     info = summary.get("distributed") or {}
                     row = {
@@ -184,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             **provenance(),
             "workers": args.workers,
+            "threads": args.threads,
             "epochs": args.epochs,
             "seeds": args.seeds,
             "results": results,

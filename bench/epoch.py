@@ -4,8 +4,10 @@ Uses the example recipes (``examples/arxiv-gcn.toml``: GCN 3 x 256;
 ``examples/arxiv-gat.toml``: GAT 3 layers, 4 heads x 64) on the synthetic
 ogbn-arxiv-shaped graph, and the trainer's own ``train_epoch``, so the step
 timed is the step ``qtrain run`` takes. Each variant gets a fresh model with
-the same seed; the median of ``--repeat`` epochs after ``--warmup`` is
-reported, with ratios against FP32 measured in the same process.
+the same seed; each epoch is timed by ``torch.utils.benchmark.Timer``
+(``bench/_timing.py``), and the median of ``--repeat`` epochs after ``--warmup`` is
+reported with its interquartile range (``iqr_s``), and ratios of the medians against
+FP32 measured in the same process.
 
     python bench/epoch.py --threads 2 --json bench/results/epoch.json
 """
@@ -16,15 +18,14 @@ import argparse
 import contextlib
 import os
 import platform
-import statistics
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from _record import write_json
+from _timing import Timing, timed
 
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import load_recipe, parse_quant
@@ -52,14 +53,9 @@ def _variant(name: str, model: Any, bits: int, seed: int) -> Iterator[dict[str, 
         info.update(session.report()["tango"])
 
 
-def time_epochs(trainer: Trainer, warmup: int, repeat: int) -> list[float]:
-    times = []
-    for i in range(warmup + repeat):
-        start = time.perf_counter()
-        trainer.train_epoch()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return times
+def time_epochs(trainer: Trainer, warmup: int, repeat: int) -> Timing:
+    """``repeat`` timed epochs (one ``train_epoch`` call each) after ``warmup`` untimed ones."""
+    return timed(trainer.train_epoch, repeat, warmup)
 
 
 def bench_model(
@@ -77,18 +73,19 @@ def bench_model(
             dispatch.reset()
             try:
                 with _variant(name, model, bits, recipe.train.seed) as info:
-                    times = time_epochs(trainer, warmup, repeat)
+                    t = time_epochs(trainer, warmup, repeat)
             except Exception as exc:  # e.g. a DGL kernel without bf16 support
                 rows[name] = {"error": f"{type(exc).__name__}: {exc}"}
                 print(f"  {key} {name}: not supported ({rows[name]['error'][:120]})", flush=True)
                 continue
             rows[name] = {
-                "median_s": statistics.median(times),
-                "times_s": times,
+                "median_s": t.median_s,
+                "iqr_s": t.iqr_s,
+                "times_s": t.times_s,
                 "kernels": dispatch.snapshot(),
                 **({"tango": info} if info else {}),
             }
-            print(f"  {key} {name}: {statistics.median(times) * 1e3:.0f} ms/epoch", flush=True)
+            print(f"  {key} {name}: {t.ms('.0f')} ms/epoch (median ± IQR)", flush=True)
     base = rows.get("fp32", {}).get("median_s")
     bf16 = rows.get("bf16-autocast", {}).get("median_s")
     for row in rows.values():
@@ -130,16 +127,16 @@ def main(argv: list[str] | None = None) -> int:
             key, args.variants, args.bits, args.warmup, args.repeat
         )
     print()
-    print(f"{'model':6} {'variant':14} {'ms/epoch':>9} {'vs fp32':>8} {'vs bf16':>8}")
+    print(f"{'model':6} {'variant':14} {'ms/epoch':>9} {'± IQR':>7} {'vs fp32':>8} {'vs bf16':>8}")
     for key, rows in results["models"].items():
         for name, row in rows.items():
             if "error" in row:
-                print(f"{key:6} {name:14} {'n/a':>9}  {row['error'][:60]}")
+                print(f"{key:6} {name:14} {'n/a':>9} {'':>7}  {row['error'][:60]}")
                 continue
             vs32 = row["speedup_vs_fp32"]
             vs16 = row["speedup_vs_bf16"]
             print(
-                f"{key:6} {name:14} {row['median_s'] * 1e3:9.0f} "
+                f"{key:6} {name:14} {row['median_s'] * 1e3:9.0f} {row['iqr_s'] * 1e3:7.0f} "
                 f"{vs32:8.2f}x " + (f"{vs16:7.2f}x" if vs16 else "     n/a")
             )
     write_json(args.json, results)

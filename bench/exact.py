@@ -22,8 +22,9 @@ Time part (``--time-models``, SAGE by default, the model the time bars are
 about): all variants are built first, then after ``--warmup`` epochs each they
 run round-robin, one epoch per variant per round with the order rotated each
 round, so load from other jobs on a shared machine falls on all of them
-alike; medians of ``--repeat`` epochs and their ratios against FP32, all
-measured in this process.
+alike, each epoch timed by ``torch.utils.benchmark.Timer`` (``bench/_timing.py``);
+medians of ``--repeat`` epochs with their interquartile range (``iqr_s``), and the
+medians' ratios against FP32, all measured in this process.
 
 The bars (the issue's): SAGE activation memory >= 10x smaller than FP32 with
 INT2 and >= 20x with RP 8 + INT2; GCNII (16 layers) trains with >= 25x smaller
@@ -45,14 +46,15 @@ import math
 import os
 import platform
 import re
-import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from _record import git_commit, write_json
+from _timing import interleaved
 
 from qtrain.ops import backends, compress, dispatch
 from qtrain.plugin import PatchSession, PluginContext
@@ -181,40 +183,37 @@ def measure_memory(model: str, variant: str, args: argparse.Namespace) -> dict[s
 
 
 def measure_time(model: str, variants: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    times: dict[str, list[float]] = {v: [] for v in variants}
     kernels: dict[str, dict[str, dict[str, int]]] = {v: {} for v in variants}
     with contextlib.ExitStack() as stack:
         built = {v: stack.enter_context(_trainer(variant_recipe(model, v, args))) for v in variants}
 
-        def epoch(variant: str) -> float:
-            trainer, session = built[variant]
+        @contextlib.contextmanager
+        def in_session(variant: str) -> Iterator[None]:
+            """The variant's patches around its epoch, and its kernel calls counted (untimed)."""
             dispatch.reset()
-            with session:
-                start = time.perf_counter()
-                trainer.train_epoch()
-                elapsed = time.perf_counter() - start
+            with built[variant][1]:
+                yield
             for prim, per in _kernels_used(dispatch.snapshot()).items():
                 mine = kernels[variant].setdefault(prim, {})
                 for backend, calls in per.items():
                     mine[backend] = mine.get(backend, 0) + calls
-            return elapsed
 
-        for _ in range(args.warmup):
-            for v in variants:
-                epoch(v)
-        for i in range(args.repeat):
-            k = i % len(variants)
-            for v in variants[k:] + variants[:k]:
-                times[v].append(epoch(v))
-            line = ", ".join(f"{v} {times[v][-1] * 1e3:.0f}" for v in variants)
+        def progress(i: int, seconds: dict[str, float]) -> None:
+            line = ", ".join(f"{v} {seconds[v] * 1e3:.0f}" for v in variants)
             print(f"  {model} round {i + 1}/{args.repeat}: {line} ms", flush=True)
+
+        epochs = {v: built[v][0].train_epoch for v in variants}
+        timings = interleaved(
+            epochs, args.repeat, args.warmup, around=in_session, on_round=progress
+        )
     rows: dict[str, Any] = {}
-    base = statistics.median(times["fp32"]) if "fp32" in times else None
+    base = timings["fp32"].median_s if "fp32" in timings else None
     for v in variants:
-        med = statistics.median(times[v])
+        med = timings[v].median_s
         rows[v] = {
             "median_s": med,
-            "times_s": times[v],
+            "iqr_s": timings[v].iqr_s,
+            "times_s": timings[v].times_s,
             "vs_fp32": med / base if base else None,
             "kernels": kernels[v],
         }
@@ -288,14 +287,20 @@ def print_tables(results: dict[str, Any]) -> None:
             )
     if results["time"]:
         print()
-        print("epoch time (forward + backward + Adam), median ms, ratio to fp32 (> 1 is slower)")
-        print(f"{'model':6} {'variant':9} {'ms/epoch':>9} {'vs fp32':>8} {'backend':>10}")
+        print(
+            "epoch time (forward + backward + Adam), median ms and its IQR, ratio of the "
+            "medians to fp32 (> 1 is slower)"
+        )
+        print(
+            f"{'model':6} {'variant':9} {'ms/epoch':>9} {'± IQR':>7} {'vs fp32':>8} {'backend':>10}"
+        )
         for model, rows in results["time"].items():
             for v, row in rows.items():
                 used = sorted({b for per in row["kernels"].values() for b in per}) or ["-"]
                 ratio = "-" if row["vs_fp32"] is None else f"{row['vs_fp32']:.3f}x"
                 print(
-                    f"{model:6} {v:9} {row['median_s'] * 1e3:9.0f} {ratio:>8} {','.join(used):>10}"
+                    f"{model:6} {v:9} {row['median_s'] * 1e3:9.0f} {row['iqr_s'] * 1e3:7.0f} "
+                    f"{ratio:>8} {','.join(used):>10}"
                 )
     print()
     for bar in results["bars"]:

@@ -8,8 +8,13 @@ projection as separate dense products (forward ``x @ R``, backward
 ``y @ R^T``, and in bf16 with the conversion) for comparison, and ReLU /
 dropout backward from a packed 1-bit mask
 (``masked_scale``) against torch's ``threshold_backward`` and ``torch.where``
-on a bool mask. Medians of ``--repeat`` calls after four warm-up calls; every call
-allocates its output, as a training step does.
+on a bool mask. The cases run round robin, one call of each per round with the
+order rotated, every call timed by ``torch.utils.benchmark.Timer``
+(``bench/_timing.py``): medians of ``--repeat`` rounds after four warm-up rounds
+(``median_ms``), with their interquartile range (``iqr_ms``); every call allocates its
+output, as a training step does. The first calls that allocate a new large output
+fault in (and, with transparent huge pages on madvise, compact) fresh memory and run
+up to 20x slower, which a training loop pays once: the warm-up rounds leave them out.
 
     python bench/exact_ops.py --threads 2 --json bench/results/exact_ops.json
 """
@@ -18,31 +23,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from _record import provenance, write_json
+from _timing import interleaved
 
 from qtrain.ops import compress
 from qtrain.quant.projection import projected_width
 
-
-def median_ms(fn: Callable[[], Any], repeat: int, warmup: int = 4) -> float:
-    """Median wall time; the first calls that allocate a new large output fault in (and,
-    with transparent huge pages on madvise, compact) fresh memory and run up to 20x
-    slower, which a training loop pays once, so they are left out."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+WARMUP = 4  # rounds
 
 
 def main() -> int:
@@ -100,9 +92,11 @@ def main() -> int:
         ),
         "ReLU backward: torch.where on a bool mask": lambda: torch.where(mask, grad, 0.0),
     }
-    rows = {name: median_ms(fn, args.repeat) for name, fn in cases.items()}
-    for name, ms in rows.items():
-        print(f"{ms:9.1f} ms  {name}")
+    timings = interleaved(cases, args.repeat, WARMUP)
+    rows = {name: t.median_ms for name, t in timings.items()}
+    print(f"ms, median ± IQR of {args.repeat} rounds after {WARMUP} warm-up rounds")
+    for name, t in timings.items():
+        print(f"{t.ms():>15} ms  {name}")
     write_json(
         args.json,
         {
@@ -110,6 +104,7 @@ def main() -> int:
             "threads": args.threads,
             "torch": torch.__version__,
             "median_ms": rows,
+            "iqr_ms": {name: t.iqr_ms for name, t in timings.items()},
         },
     )
     return 0

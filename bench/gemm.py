@@ -9,8 +9,10 @@ For each hidden size h, with X float32 [rows, h] ~ randn and W [h, h]:
   dX = dY @ W^T (int8_gemm "nt") and dW = X^T @ dY (int8_gemm "tn"), against the
   same products in float32 and bf16.
 
-Every candidate of a row runs once per repetition, round robin, so all of them
-see the same machine load; the table shows medians after warm-up and the ratios
+Every candidate of a row runs once per repetition, round robin (the order rotated
+each round), so all of them see the same machine load; each call is timed by
+``torch.utils.benchmark.Timer`` (``bench/_timing.py``). The table shows medians after
+warm-up, with their interquartile range (IQR), and the ratios of the medians
 fp32_time / qtrain_time and bf16_time / qtrain_time, measured in this process.
 Run with ``--threads 2`` to compare with the README's figures.
 """
@@ -22,13 +24,12 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _timing import interleaved
 
 from qtrain.ops import backends, quantize
 from qtrain.ops.gemm import int8_gemm
@@ -44,19 +45,6 @@ def _bf16(fn: Callable[[], torch.Tensor]) -> Fn:
             return fn()
 
     return run
-
-
-def _time_round_robin(cands: dict[str, Fn], repeat: int, warmup: int) -> dict[str, float]:
-    """Median milliseconds per candidate; one call of each per round, after warm-up rounds."""
-    times: dict[str, list[float]] = {name: [] for name in cands}
-    for rnd in range(warmup + repeat):
-        for name, fn in cands.items():
-            t0 = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            if rnd >= warmup:
-                times[name].append(dt * 1e3)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def bench_hidden(rows: int, h: int, bits: int, repeat: int, warmup: int) -> list[dict[str, object]]:
@@ -95,16 +83,19 @@ def bench_hidden(rows: int, h: int, bits: int, repeat: int, warmup: int) -> list
     ]
     out = []
     for name, f32, bf16, qt in cases:
-        ms = _time_round_robin({"fp32": f32, "bf16": bf16, "qtrain": qt}, repeat, warmup)
+        t = interleaved({"fp32": f32, "bf16": bf16, "qtrain": qt}, repeat, warmup)
         out.append(
             {
                 "hidden": h,
                 "case": name,
-                "fp32_ms": ms["fp32"],
-                "bf16_ms": ms["bf16"],
-                "qtrain_ms": ms["qtrain"],
-                "speedup_vs_fp32": ms["fp32"] / ms["qtrain"],
-                "speedup_vs_bf16": ms["bf16"] / ms["qtrain"],
+                "fp32_ms": t["fp32"].median_ms,
+                "fp32_iqr_ms": t["fp32"].iqr_ms,
+                "bf16_ms": t["bf16"].median_ms,
+                "bf16_iqr_ms": t["bf16"].iqr_ms,
+                "qtrain_ms": t["qtrain"].median_ms,
+                "qtrain_iqr_ms": t["qtrain"].iqr_ms,
+                "speedup_vs_fp32": t["fp32"].median_ms / t["qtrain"].median_ms,
+                "speedup_vs_bf16": t["bf16"].median_ms / t["qtrain"].median_ms,
             }
         )
     return out
@@ -116,9 +107,9 @@ def _print_table(results: list[dict[str, object]], title: str) -> None:
         (
             str(r["hidden"]),
             str(r["case"]),
-            f"{r['fp32_ms']:.1f}",
-            f"{r['bf16_ms']:.1f}",
-            f"{r['qtrain_ms']:.1f}",
+            f"{r['fp32_ms']:.1f} ± {r['fp32_iqr_ms']:.1f}",
+            f"{r['bf16_ms']:.1f} ± {r['bf16_iqr_ms']:.1f}",
+            f"{r['qtrain_ms']:.1f} ± {r['qtrain_iqr_ms']:.1f}",
             f"{r['speedup_vs_fp32']:.2f}x",
             f"{r['speedup_vs_bf16']:.2f}x",
         )
@@ -156,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=169343, help="rows of X (ogbn-arxiv nodes)")
     ap.add_argument("--hidden", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--bits", type=int, default=8, help="quantization bits (2..8)")
-    ap.add_argument("--repeat", type=int, default=7, help="timed rounds (median reported)")
+    ap.add_argument("--repeat", type=int, default=7, help="timed rounds (median and IQR reported)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args(argv)
@@ -170,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (
         f"threads={torch.get_num_threads()} rows={args.rows} bits={args.bits} "
         f"repeat={args.repeat} isa={info['isa']} torch={torch.__version__} "
-        f"cpu={platform.processor() or platform.machine()}"
+        f"cpu={platform.processor() or platform.machine()}; ms: median ± IQR"
     )
     print(f"command: {command}")
     results: list[dict[str, object]] = []

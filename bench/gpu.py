@@ -189,7 +189,8 @@ def _print_row(row: dict[str, Any]) -> None:
         extra += f"  peak {row['peak_memory_bytes'] / 2**20:.0f} MiB"
     if row.get("test_acc") is not None:
         extra += f"  test acc {row['test_acc']:.3f}"
-    print(f"{row['case']:48} {row['ms']:9.3f} ms  {ratio}{frac}{extra}", flush=True)
+    spread = "" if row.get("iqr_ms") is None else f" ± {row['iqr_ms']:.3f}"
+    print(f"{row['case']:48} {row['ms']:9.3f}{spread} ms  {ratio}{frac}{extra}", flush=True)
 
 
 # (bar, kernel cases (name prefixes), baseline names (None: any), metric, at least)

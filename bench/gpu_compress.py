@@ -5,8 +5,9 @@
 dequantize at 1, 2, 4 and 8 bits, the fused projection kernels at D/R = 8
 (project + quantize, dequantize + project back), and 1-bit mask packing,
 unpacking and masked_scale. Each kernel is checked against the reference on a
-small input first (RuntimeError on a mismatch), then timed with CUDA events:
-warm-up calls, then the median of repeats. Its baseline is the plain PyTorch
+small input first (RuntimeError on a mismatch), then timed by torch's benchmark
+Timer (a device sync around each call): warm-up calls, then the median and IQR of
+repeats. Its baseline is the plain PyTorch
 way to get the same result on the GPU (the reference functions on CUDA tensors,
 or cuBLAS ``x @ R`` plus the quantize kernel for the projection), ``ratio`` is
 baseline_ms / ms, and ``gbps`` counts the bytes the kernel must move (inputs

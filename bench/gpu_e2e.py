@@ -23,9 +23,11 @@ splits, in one process, one row each:
   is not installed each of its rows says so.
 
 Each row: the median epoch (forward, loss, backward, Adam step; evaluation
-excluded) over the epochs after the warm-up ones, with min, max and the
-quartiles; the peak GPU memory the row allocated (``torch.cuda.reset_peak_
-memory_stats`` before each row, ``max_memory_allocated`` after it, less what
+excluded) over the epochs after the warm-up ones, with min, max, the quartiles
+and the interquartile range (``iqr_ms``; PyG's epochs are timed one call each by
+``torch.utils.benchmark.Timer``, ``bench/_timing.py``); the peak GPU memory the
+row allocated (``torch.cuda.reset_peak_memory_stats`` before each row,
+``max_memory_allocated`` after it, less what
 was allocated before it: features, graph structure, model, optimizer and
 activations); test accuracy at the best validation epoch; ratios (baseline /
 row: > 1 is faster or smaller) against qtrain FP32 and PyG FP32 of the same
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -60,12 +63,14 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from _timing import once
 
 ROOT = Path(__file__).resolve().parents[1]
 # qtrain from this checkout: a GPU machine has it built in place, not installed
@@ -187,13 +192,15 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def _spread(times_s: list[float]) -> dict[str, Any]:
-    """Median, min, max and quartiles in milliseconds of the timed epochs."""
+    """Median, its interquartile range (q3 - q1), min, max and quartiles in milliseconds of
+    the timed epochs."""
     ms = [1000.0 * t for t in times_s]
     if not ms:
-        return {"ms": None, "ms_min": None, "ms_max": None, "ms_q1": None, "ms_q3": None}
+        return dict.fromkeys(("ms", "iqr_ms", "ms_min", "ms_max", "ms_q1", "ms_q3"))
     q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (ms[0], ms[0], ms[0])
     return {
         "ms": statistics.median(ms),
+        "iqr_ms": q3 - q1,
         "ms_min": min(ms),
         "ms_max": max(ms),
         "ms_q1": q1,
@@ -389,10 +396,36 @@ def _pyg_model(model: str, in_feats: int, classes: int, cfg: dict[str, Any]) -> 
     return Net()
 
 
+def _pyg_step(
+    net: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    feat: torch.Tensor,
+    edge_index: torch.Tensor,
+    labels: torch.Tensor,
+    train: torch.Tensor,
+    autocast: Callable[[], AbstractContextManager[object]],
+    sync: Callable[[], None],
+) -> None:
+    """One PyG epoch as qtrain's Trainer.run times one: the step, the loss read back, train
+    accuracy; then ``sync()`` for the row's device (the Timer's clock waits for the current
+    device only)."""
+    import torch.nn.functional as F
+
+    net.train()
+    opt.zero_grad(set_to_none=True)
+    with autocast():
+        logits = net(feat, edge_index)[train]
+        loss = F.cross_entropy(logits.float(), labels[train])
+    loss.backward()
+    opt.step()
+    float(loss.item())
+    float((logits.argmax(1) == labels[train]).float().mean())
+    sync()
+
+
 def _pyg_row(
     size: Size, model: str, dataset: Any, bf16: bool, device: torch.device
 ) -> dict[str, Any]:
-    import torch.nn.functional as F
     import torch_geometric
 
     from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK
@@ -426,23 +459,14 @@ def _pyg_row(
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
 
+        step = functools.partial(
+            _pyg_step, net, opt, feat, edge_index, labels, idx["train"], autocast, sync
+        )
         times: list[float] = []
         best = (-1.0, None, None)
         for epoch in range(1, size.epochs + 1):
-            # what qtrain's Trainer.run times: the step, the loss read back, train accuracy
             sync()
-            start = time.perf_counter()
-            net.train()
-            opt.zero_grad(set_to_none=True)
-            with autocast():
-                logits = net(feat, edge_index)[idx["train"]]
-                loss = F.cross_entropy(logits.float(), labels[idx["train"]])
-            loss.backward()
-            opt.step()
-            float(loss.item())
-            float((logits.argmax(1) == labels[idx["train"]]).float().mean())
-            sync()
-            times.append(time.perf_counter() - start)
+            times.append(once(step))
             if epoch % size.eval_every == 0 or epoch == size.epochs:
                 net.eval()
                 with torch.no_grad(), autocast():
@@ -450,7 +474,7 @@ def _pyg_row(
                 acc = {k: float((pred[idx[k]] == labels[idx[k]]).float().mean()) for k in idx}
                 if acc["val"] > best[0]:
                     best = (acc["val"], acc["test"], epoch)
-        del net, opt, feat, labels, edge_index, idx, logits, loss, pred
+        del step, net, opt, feat, labels, edge_index, idx, pred
     if device.type != "cuda":
         row["peak_memory_source"] = "not measured on the CPU (no per-row peak there)"
     row.update(_spread(times[size.warmup :]))
@@ -570,7 +594,14 @@ def measure(
                     _progress(size_name, model, row)
                 base, pyg = group[0], group[len(QTRAIN_VARIANTS)]
                 for row in group:
-                    for key in ("ms", "peak_memory_bytes", "test_acc", "val_acc", "best_epoch"):
+                    for key in (
+                        "ms",
+                        "iqr_ms",
+                        "peak_memory_bytes",
+                        "test_acc",
+                        "val_acc",
+                        "best_epoch",
+                    ):
                         row.setdefault(key, None)
                     row.update(
                         case=f"e2e {MODEL_NAMES[model]} {row['variant']}",
@@ -612,6 +643,7 @@ def _ratios(row: dict[str, Any], base: dict[str, Any], name: str) -> dict[str, A
     return {
         "baseline": name,
         "baseline_ms": base_ms,
+        "baseline_iqr_ms": base.get("iqr_ms"),
         "ratio": base_ms / ms if ms and base_ms else None,
         "memory_ratio": base_mem / mem if mem and base_mem else None,
     }
@@ -622,13 +654,14 @@ def _pyg_ratios(row: dict[str, Any], pyg: dict[str, Any]) -> dict[str, Any]:
     mem, pyg_mem = row.get("peak_memory_bytes"), pyg.get("peak_memory_bytes")
     return {
         "pyg_fp32_ms": pyg_ms,
+        "pyg_fp32_iqr_ms": pyg.get("iqr_ms"),
         "ratio_vs_pyg_fp32": pyg_ms / ms if ms and pyg_ms else None,
         "memory_ratio_vs_pyg_fp32": pyg_mem / mem if mem and pyg_mem else None,
     }
 
 
 def _progress(size: str, model: str, row: dict[str, Any]) -> None:
-    ms = "-" if row.get("ms") is None else f"{row['ms']:.2f} ms"
+    ms = "-" if row.get("ms") is None else f"{row['ms']:.2f} ± {row['iqr_ms']:.2f} ms (IQR)"
     acc = "-" if row.get("test_acc") is None else f"{row['test_acc']:.3f}"
     print(
         f"gpu_e2e: {size} {model} {row['variant']}: {ms}, test acc {acc}, {row['status']}",
@@ -652,14 +685,16 @@ def _fmt(value: Any, spec: str, scale: float = 1.0, unit: str = "") -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table."""
     lines = [
-        "| case | ms (median) | min-max | vs qtrain FP32 | vs PyG FP32 | peak MiB | "
+        "| case | ms (median ± IQR) | min-max | vs qtrain FP32 | vs PyG FP32 | peak MiB | "
         "mem vs qtrain FP32 | test acc | status |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         spread = "-" if r.get("ms_min") is None else f"{r['ms_min']:.2f}-{r['ms_max']:.2f}"
         lines.append(
-            f"| {r['case']} ({r['size']}) | {_fmt(r.get('ms'), '.2f')} | {spread} | "
+            f"| {r['case']} ({r['size']}) | {_fmt(r.get('ms'), '.2f')}"
+            + ("" if r.get("iqr_ms") is None else f" ± {r['iqr_ms']:.2f}")
+            + f" | {spread} | "
             f"{_fmt(r.get('ratio'), '.2f', unit='x')} | "
             f"{_fmt(r.get('ratio_vs_pyg_fp32'), '.2f', unit='x')} | "
             f"{_fmt(r.get('peak_memory_bytes'), '.0f', 2**-20)} | "

@@ -1,8 +1,8 @@
 """GPU timings of the tango CUDA kernels (torch.ops.qtrain on CUDA) against torch baselines.
 
 ``run(quick)`` verifies a small case of every kernel against its pure-PyTorch
-reference (RuntimeError on a mismatch), then times, with CUDA events (warm-up,
-median of repeats):
+reference (RuntimeError on a mismatch), then times, with torch's benchmark Timer
+(a device sync around each call; warm-up, median and IQR of repeats):
 
 * quantize_symmetric (stochastic, 8 bits) vs ``x.abs().max()`` + the torch
   round / clamp expression with ``torch.rand_like`` noise;

@@ -14,9 +14,12 @@ source (``GCN.conv_inputs``), as the worker does.
   a prefix of the owned rows), then the marginal half, outputs concatenated, as
   ``DistTrainer`` runs a layer with overlap.
 
-Each mode runs in its own process, once with glibc's default allocator
-settings and once after ``keep_freed_memory()`` (what every worker does),
-interleaved, ``--repeats`` times each; prints the best and median times in ms.
+Each allocator setting runs in its own process, once with glibc's default
+allocator settings and once after ``keep_freed_memory()`` (what every worker
+does); in it the two modes run interleaved (one call of each per round, the order
+rotated), ``--repeats`` rounds after one warm-up round, every call timed by
+``torch.utils.benchmark.Timer`` (``bench/_timing.py``); prints the best and the
+median times in ms, the median with its interquartile range (IQR).
 
     python bench/overlap_layer.py --models gcn sage --json bench/results/overlap-layer.json
 """
@@ -26,14 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from _record import ROOT, provenance, write_json
+from _timing import Timing, interleaved
 from adaqp import MODELS
 
 
@@ -79,15 +81,9 @@ def measure(model_name: str, workers: int, repeats: int, keep: bool) -> dict[str
         outer = conv(part.marginal_block, torch.cat([x, halo_rows]), marginal)
         torch.cat([inner, outer]).sum().backward()
 
-    times: dict[str, list[float]] = {"whole": [], "split": []}
-    for f in (whole, split):
-        f()  # warm-up: graph formats, allocator
-    for _ in range(repeats):
-        for name, f in (("whole", whole), ("split", split)):
-            start = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - start)
-    return times
+    # one warm-up round: graph formats, allocator
+    timings = interleaved({"whole": whole, "split": split}, repeats, warmup=1)
+    return {name: t.times_s for name, t in timings.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(times))
         return 0
     results: dict[str, Any] = {}
+    print("one hidden layer, forward + backward: best and median ± IQR", flush=True)
     for model_name in args.models:
         for allocator in ("default", "keep"):
             child = ["--child", model_name, allocator, "--workers", str(args.workers)]
@@ -120,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
             times = json.loads(done.stdout.strip().splitlines()[-1])
             results.setdefault(model_name, {})[allocator] = times
             best = {k: min(v) * 1e3 for k, v in times.items()}
-            median = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+            t = {k: Timing.of(v, k) for k, v in times.items()}
             print(
                 f"{model_name:5} {allocator:8} whole best {best['whole']:7.1f} median "
-                f"{median['whole']:7.1f} ms | split best {best['split']:7.1f} median "
-                f"{median['split']:7.1f} ms | split / whole (best) "
+                f"{t['whole'].ms()} ms | split best {best['split']:7.1f} median "
+                f"{t['split'].ms()} ms | split / whole (best) "
                 f"{best['split'] / best['whole']:.3f}",
                 flush=True,
             )

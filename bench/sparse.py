@@ -6,8 +6,12 @@ fp32 inputs (``qtrain.ops.quantize``, ext-cpu), as training would; the graph's
 CSR / edge lists are structure, built once outside the timing like DGL's own
 cached formats. bf16 rows run DGL on inputs already in bf16 inside
 ``torch.autocast(device_type="cpu", dtype=torch.bfloat16)`` (the cast is not
-timed, which favours the baseline). Medians of ``--repeat`` runs after a
-warm-up; ratios are baseline / qtrain, measured in the same process.
+timed, which favours the baseline). The candidates of a row (DGL fp32, DGL bf16,
+qtrain nearest / stochastic) run round robin after one warm-up call each, one call
+of each per round with the order rotated, every call timed by
+``torch.utils.benchmark.Timer`` (``bench/_timing.py``); each gets the median of
+``--repeat`` rounds and its interquartile range (IQR, the ``*_iqr_ms`` keys); ratios
+are of the medians, baseline / qtrain, measured in the same process.
 
     python bench/sparse.py [--threads 2] [--dataset synthetic-arxiv] [--widths 128 256]
                            [--repeat N] [--json PATH]
@@ -19,13 +23,12 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from _timing import Timing, interleaved
 
 from qtrain._compat import import_dgl
 from qtrain.data import load_dataset
@@ -36,28 +39,34 @@ from qtrain.ops.sparse import qsddmm, qspmm
 HEADS = 4  # GAT's head count for the multi-head and u_add_v shapes
 
 
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    """Median wall time of fn() in ms, after one untimed warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+def time_row(
+    cands: dict[str, Callable[[], Any]], bf16: Callable[[], Any], repeat: int
+) -> tuple[dict[str, Timing], str | None]:
+    """The row's candidates (and DGL under bf16 autocast as "bf16") round robin, after one
+    untimed warm-up call each; the second item is why bf16 could not run, or None."""
 
-
-def try_bf16(fn: Callable[[], Any], repeat: int) -> float | str:
-    """DGL under bf16 autocast, or the reason it refuses."""
-
-    def run() -> Any:
+    def run_bf16() -> Any:
         with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-            return fn()
+            return bf16()
 
+    for fn in cands.values():
+        fn()  # warm-up
+    refused = None
     try:
-        return median_ms(run, repeat)
+        run_bf16()  # warm-up, and whether DGL takes bf16 here
     except Exception as exc:  # DGL raises its own error types for unsupported dtypes
-        return f"unsupported ({type(exc).__name__})"
+        refused = f"unsupported ({type(exc).__name__})"
+    else:
+        cands = {**cands, "bf16": run_bf16}
+    return interleaved(cands, repeat), refused
+
+
+def _cell(ms: float | str | None, iqr: float | None, width: int = 14) -> str:
+    if ms is None:
+        return f"{'-':>{width}}"
+    if isinstance(ms, str):
+        return f"{ms:>{width}}"
+    return f"{f'{ms:.1f} ± {iqr:.1f}':>{width}}"
 
 
 def spmm_q(
@@ -106,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"dataset {args.dataset}: {n} nodes, {e} edges; threads {torch.get_num_threads()}; "
         f"ext isa {info['isa']}; torch {torch.__version__}, dgl {dgl.__version__}; "
-        f"median of {args.repeat}"
+        f"median ± IQR of {args.repeat} rounds"
     )
 
     rows: list[dict[str, Any]] = []
@@ -119,27 +128,31 @@ def main(argv: list[str] | None = None) -> int:
         q_fns: dict[str, Callable[[], Any]],
     ) -> None:
         r: dict[str, Any] = {"op": op, "shape": shape}
-        r["dgl_fp32_ms"] = median_ms(dgl_fn, args.repeat)
-        r["dgl_bf16_ms"] = try_bf16(dgl_bf16_fn, args.repeat)
-        for name, fn in q_fns.items():
-            r[f"qtrain_{name}_ms"] = median_ms(fn, args.repeat)
+        cands = {"fp32": dgl_fn, **{f"qtrain_{name}": fn for name, fn in q_fns.items()}}
+        t, refused = time_row(cands, dgl_bf16_fn, args.repeat)
+        r["dgl_fp32_ms"] = t["fp32"].median_ms
+        r["dgl_fp32_iqr_ms"] = t["fp32"].iqr_ms
+        r["dgl_bf16_ms"] = t["bf16"].median_ms if refused is None else refused
+        r["dgl_bf16_iqr_ms"] = t["bf16"].iqr_ms if refused is None else None
+        for name in q_fns:
+            r[f"qtrain_{name}_ms"] = t[f"qtrain_{name}"].median_ms
+            r[f"qtrain_{name}_iqr_ms"] = t[f"qtrain_{name}"].iqr_ms
         q = r["qtrain_nearest_ms"]
         r["fp32_over_qtrain"] = r["dgl_fp32_ms"] / q
         bf = r["dgl_bf16_ms"]
         r["bf16_over_qtrain"] = bf / q if isinstance(bf, float) else None
         rows.append(r)
-        bf_s = f"{bf:9.1f}" if isinstance(bf, float) else f"{bf:>9}"
-        st = r.get("qtrain_stochastic_ms")
-        st_s = f"{st:9.1f}" if st is not None else f"{'-':>9}"
         ratio_bf = f"{r['bf16_over_qtrain']:6.2f}x" if r["bf16_over_qtrain"] else f"{'-':>7}"
         print(
-            f"{op:<18}{shape:<22}{r['dgl_fp32_ms']:9.1f}{bf_s}{q:9.1f}{st_s}"
+            f"{op:<18}{shape:<22}{_cell(r['dgl_fp32_ms'], r['dgl_fp32_iqr_ms'])}"
+            f"{_cell(bf, r['dgl_bf16_iqr_ms'])}{_cell(q, r['qtrain_nearest_iqr_ms'])}"
+            f"{_cell(r.get('qtrain_stochastic_ms'), r.get('qtrain_stochastic_iqr_ms'))}"
             f"{r['fp32_over_qtrain']:7.2f}x{ratio_bf}"
         )
 
     print(
-        f"{'op':<18}{'shape':<22}{'dgl fp32':>9}{'dgl bf16':>9}{'qtrain':>9}{'q stoch':>9}"
-        f"{'fp32/q':>8}{'bf16/q':>7}   (ms; qtrain includes quantization)"
+        f"{'op':<18}{'shape':<22}{'dgl fp32':>14}{'dgl bf16':>14}{'qtrain':>14}{'q stoch':>14}"
+        f"{'fp32/q':>8}{'bf16/q':>7}   (ms, median ± IQR; qtrain includes quantization)"
     )
 
     def widths_rows(w: int) -> None:

@@ -2,23 +2,28 @@
 
 Runs ``gemm.py``, ``sparse.py``, ``epoch.py`` (tango's primitives and epochs
 against torch / DGL FP32 and bf16 autocast), ``exact.py``, ``exact_ops.py`` and
-``exact_capacity.py`` (exact's activation memory, epoch time, primitives and
-the synthetic-products capacity case), each as a subprocess of the venv's
-Python with ``--json``, so every script starts with a fresh allocator and its
-memory figures are its own. It then collects their JSON into one document::
+``exact_capacity.py`` (exact's activation memory beside the kernel's resident
+memory, epoch time, primitives and the synthetic-products capacity case) and
+``adaqp.py`` (distributed workers: bytes sent and epoch time of adaptive bits
+against 32-bit messages), each as a subprocess of the venv's Python with
+``--json``, so every script starts with a fresh allocator and its memory
+figures are its own. It then collects their JSON into one document::
 
     {"host", "date", "command", "git_commit", "threads", "cpu", "quick",
-     "cases": [{"family", "case", "metric", "unit", "value", "baseline_name",
-                "baseline", "ratio", "note", ...}],
+     "cases": [{"family", "case", "metric", "unit", "value", "value_iqr",
+                "baseline_name", "baseline", "baseline_iqr", "ratio", "note", ...}],
      "jobs": [{"script", "argv", "returncode", "seconds"}],
      "raw": {"gemm.py": <its JSON>, ...}}
 
 and renders it as markdown. Every ratio is ``baseline / value`` of two numbers
 measured in this run (> 1: qtrain's variant is that many times faster, or
 smaller); a case a script could not measure (DGL refusing bf16 autocast, a
-script that failed) has ``"ratio": null`` and the reason in ``note``.
+script that failed) has ``"ratio": null`` and the reason in ``note``. A script
+whose bars failed still measured: its cases say FAIL, and its exit status is
+listed with it.
 
-    python bench/suite.py            # make bench: the full profile (about 12 minutes on 2 cores)
+    python bench/suite.py --readme README.md   # make bench: the full profile, and the
+                                               # README's tables rewritten from it
     python bench/suite.py --quick    # make bench-quick: fewer sizes and repetitions
     python bench/suite.py --render bench/results/<host>-<date>.json   # the markdown again
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -37,6 +43,7 @@ import platform
 import re
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +83,9 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         # SAGE 3 x 128 full graph on synthetic-products: FP32 passes 16 GiB, exact stays
         # near 12.4 GiB; about 5 minutes
         Job("exact_capacity.py", ("--budget-gib", "16", "--hidden", "128")),
+        # 4 workers on synthetic-arxiv, GCN and SAGE, one seed of 10 epochs (about 6 minutes);
+        # bench/README.md's three-seed, 20-epoch figures take `python bench/adaqp.py` half an hour
+        Job("adaqp.py", ("--seeds", "0", "--epochs", "10", "--reassign-period", "5")),
     ),
     # the same cases, one size each and fewer repetitions: 203 s on 2 idle cores, 241-336 s
     # while other jobs shared them
@@ -95,6 +105,10 @@ PROFILES: dict[str, tuple[Job, ...]] = {
             "exact_capacity.py",
             ("--budget-gib", "9", "--hidden", "32", "--layers", "3", "--variants", "fp32", "int2"),
         ),
+        Job(
+            "adaqp.py",
+            ("--models", "gcn", "--seeds", "0", "--epochs", "4", "--reassign-period", "2"),
+        ),
     ),
 }
 
@@ -105,11 +119,14 @@ FAMILIES: dict[str, str] = {
     "on synthetic-arxiv",
     "epoch": "tango 8-bit: one full-graph training epoch (forward, backward, Adam) of the "
     "example recipes on synthetic-arxiv",
-    "exact-memory": "exact: bytes saved for backward (peak in a training step), full graph on "
-    "synthetic-arxiv",
+    "exact-memory": "exact: memory of a full-graph training step on synthetic-arxiv, each "
+    "variant alone: what autograd saved (qtrain's meter) and the process's resident memory "
+    "(the kernel's figures, which include the graph and features every variant holds)",
     "exact-epoch": "exact: epoch time, full graph on synthetic-arxiv (variants round-robin in "
     "one process)",
     "exact-ops": "exact: the primitives behind its epoch time, one 169,343 x 256 activation",
+    "adaqp": "adaqp: distributed full-graph training on synthetic-arxiv, workers sharing this "
+    "machine's cores (means over seeds; the run's accuracy beside)",
     "exact-capacity": "exact: full-graph GraphSAGE on synthetic-products under a resident-memory "
     "budget (each variant in a child process killed past it)",
 }
@@ -131,9 +148,13 @@ def case(
     baseline_name: str,
     baseline: Any,
     note: str | None = None,
+    *,
+    value_iqr: Any = None,
+    baseline_iqr: Any = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """One measured comparison; ``ratio`` = baseline / value when both were measured."""
+    """One measured comparison; ``ratio`` = baseline / value when both were measured.
+    ``*_iqr`` are the spreads (interquartile ranges) of repeated timings, where there were any."""
     v, b = _num(value), _num(baseline)
     ratio = b / v if v is not None and b is not None and v > 0 else None
     if ratio is None and note is None:
@@ -148,6 +169,8 @@ def case(
         "baseline": b,
         "ratio": ratio,
         "note": note,
+        "value_iqr": _num(value_iqr),
+        "baseline_iqr": _num(baseline_iqr),
         **extra,
     }
 
@@ -156,25 +179,56 @@ def cases_gemm(raw: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in raw["results"]:
         name = f"{r['case']}, hidden {r['hidden']}"
-        for base, key in (("FP32", "fp32_ms"), ("bf16 autocast", "bf16_ms")):
-            out.append(case("gemm", name, "median time", "ms", r["qtrain_ms"], base, r[key]))
+        for base, key in (("FP32", "fp32"), ("bf16 autocast", "bf16")):
+            out.append(
+                case(
+                    "gemm",
+                    name,
+                    "median time",
+                    "ms",
+                    r["qtrain_ms"],
+                    base,
+                    r[f"{key}_ms"],
+                    value_iqr=r.get("qtrain_iqr_ms"),
+                    baseline_iqr=r.get(f"{key}_iqr_ms"),
+                )
+            )
     return out
 
 
 def cases_sparse(raw: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in raw["results"]:
-        variants = [("", r["qtrain_nearest_ms"])]
+        variants = [("", "qtrain_nearest")]
         if "qtrain_stochastic_ms" in r:
-            variants.append((", stochastic rounding", r["qtrain_stochastic_ms"]))
-        for suffix, ms in variants:
+            variants.append((", stochastic rounding", "qtrain_stochastic"))
+        for suffix, key in variants:
             name = f"{r['op']} {r['shape']}{suffix}"
-            out.append(case("sparse", name, "median time", "ms", ms, "DGL FP32", r["dgl_fp32_ms"]))
+            ms, iqr = r[f"{key}_ms"], r.get(f"{key}_iqr_ms")
             bf16 = r["dgl_bf16_ms"]
-            note = None if _num(bf16) is not None else f"DGL under bf16 autocast: {bf16}"
-            out.append(
-                case("sparse", name, "median time", "ms", ms, "DGL bf16 autocast", bf16, note)
-            )
+            for base, value, base_iqr, note in (
+                ("DGL FP32", r["dgl_fp32_ms"], r.get("dgl_fp32_iqr_ms"), None),
+                (
+                    "DGL bf16 autocast",
+                    bf16,
+                    r.get("dgl_bf16_iqr_ms"),
+                    None if _num(bf16) is not None else f"DGL under bf16 autocast: {bf16}",
+                ),
+            ):
+                out.append(
+                    case(
+                        "sparse",
+                        name,
+                        "median time",
+                        "ms",
+                        ms,
+                        base,
+                        value,
+                        note,
+                        value_iqr=iqr,
+                        baseline_iqr=base_iqr,
+                    )
+                )
     return out
 
 
@@ -184,8 +238,8 @@ EPOCH_MODELS = {
 }
 
 
-def _ms(row: dict[str, Any]) -> float | None:
-    s = _num(row.get("median_s"))
+def _ms(row: dict[str, Any], key: str = "median_s") -> float | None:
+    s = _num(row.get(key))
     return None if s is None else s * 1e3
 
 
@@ -202,7 +256,18 @@ def cases_epoch(raw: dict[str, Any]) -> list[dict[str, Any]]:
             elif "error" in row:
                 note = f"{base}: {row['error']}"
             out.append(
-                case("epoch", name, "median epoch time", "ms", _ms(tango), base, _ms(row), note)
+                case(
+                    "epoch",
+                    name,
+                    "median epoch time",
+                    "ms",
+                    _ms(tango),
+                    base,
+                    _ms(row),
+                    note,
+                    value_iqr=_ms(tango, "iqr_s"),
+                    baseline_iqr=_ms(row, "iqr_s"),
+                )
             )
     return out
 
@@ -229,28 +294,45 @@ def _bar(raw: dict[str, Any], key: tuple[str, str, str, str]) -> dict[str, Any]:
     return {}
 
 
+# exact.py's memory figures, qtrain's own meter first, then the kernel's (independent of it)
+EXACT_MEMORY = (
+    ("activation_bytes", "activations saved for backward (qtrain's meter)"),
+    ("peak_memory_bytes", "step's peak resident memory (kernel's VmHWM)"),
+    ("step_added_bytes", "resident memory the step added (VmHWM - VmRSS before it)"),
+)
+
+
 def cases_exact(raw: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for model, rows in raw.get("memory", {}).items():
-        base = rows.get("fp32", {}).get("activation_bytes")
+        fp32 = rows.get("fp32", {})
         for variant, row in rows.items():
             if variant == "fp32":
                 continue
             name = f"{EXACT_MODELS.get(model, model)}, {EXACT_VARIANTS.get(variant, variant)}"
-            note = None if row.get("trains", True) else "loss not finite"
-            out.append(
-                case(
-                    "exact-memory",
-                    name,
-                    "activation bytes",
-                    "MiB",
-                    row["activation_bytes"] / MIB,
-                    "FP32",
-                    None if base is None else base / MIB,
-                    note,
-                    **_bar(raw, ("exact-memory", model, variant, "FP32")),
+            for key, metric in EXACT_MEMORY:
+                if key not in row:
+                    continue
+                note = None if row.get("trains", True) else "loss not finite"
+                base = _num(fp32.get(key))
+                bar = (
+                    _bar(raw, ("exact-memory", model, variant, "FP32"))
+                    if key == "activation_bytes"
+                    else {}
                 )
-            )
+                out.append(
+                    case(
+                        "exact-memory",
+                        name,
+                        metric,
+                        "MiB",
+                        row[key] / MIB,
+                        "FP32",
+                        None if base is None else base / MIB,
+                        note,
+                        **bar,
+                    )
+                )
     for model, rows in raw.get("time", {}).items():
         for variant, row in rows.items():
             if variant == "fp32":
@@ -268,6 +350,8 @@ def cases_exact(raw: dict[str, Any]) -> list[dict[str, Any]]:
                         _ms(row),
                         label,
                         _ms(rows.get(b, {})),
+                        value_iqr=_ms(row, "iqr_s"),
+                        baseline_iqr=_ms(rows.get(b, {}), "iqr_s"),
                         **_bar(raw, ("exact-epoch", model, variant, label)),
                     )
                 )
@@ -299,16 +383,29 @@ OPS = (
 
 def cases_exact_ops(raw: dict[str, Any]) -> list[dict[str, Any]]:
     times: dict[str, float] = raw["median_ms"]
+    spreads: dict[str, float] = raw.get("iqr_ms", {})
 
-    def find(prefix: str) -> float | None:
-        return next((v for k, v in times.items() if k.startswith(prefix)), None)
+    def find(prefix: str, table: dict[str, float]) -> float | None:
+        return next((v for k, v in table.items() if k.startswith(prefix)), None)
 
     out = []
     for name, mine, theirs, base_name in OPS:
-        parts = [find(p) for p in theirs]
+        parts = [find(p, times) for p in theirs]
         base = None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
         out.append(
-            case("exact-ops", name, "median time", "ms", find(mine), "torch / unfused", base, None)
+            case(
+                "exact-ops",
+                name,
+                "median time",
+                "ms",
+                find(mine, times),
+                "torch / unfused",
+                base,
+                None,
+                value_iqr=find(mine, spreads),
+                # a sum of medians has no measured spread; a single baseline has its own
+                baseline_iqr=find(theirs[0], spreads) if len(theirs) == 1 else None,
+            )
         )
         out[-1]["baseline_what"] = base_name
     return out
@@ -371,6 +468,89 @@ def cases_capacity(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+ADAQP_MODELS = {"gcn": "GCN 3 x 256", "sage": "SAGE 3 x 256"}
+
+
+def _mean(rows: list[dict[str, Any]], get: Any) -> float | None:
+    values = [_num(get(r)) for r in rows]
+    return None if not values or None in values else statistics.mean(values)  # type: ignore[arg-type]
+
+
+def _adaqp_verdict(bars: dict[str, Any], bar: str, want: str) -> dict[str, Any]:
+    found = bars.get(bar)
+    return {} if found is None else {"bar": want, "pass": bool(found["pass"])}
+
+
+def cases_adaqp(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """Adaptive bits with overlap against 32-bit messages without, per model (seed means)."""
+    out = []
+    workers, seeds = raw["workers"], len(raw["seeds"])
+    for model, runs in raw["results"].items():
+        name = f"{ADAQP_MODELS.get(model, model)}, {workers} workers, adaptive bits + overlap"
+        mine, w32 = runs.get("adaptive", []), runs.get("w32", [])
+        acc = {
+            k: _mean(v, lambda r: 100 * r["test_acc"])
+            for k, v in runs.items()
+            if k in ("single", "w32", "adaptive")
+        }
+        note = "test accuracy over {} seed{}: {}".format(
+            seeds,
+            "s" * (seeds != 1),
+            ", ".join(
+                f"{label} {acc[k]:.2f}"
+                for k, label in (
+                    ("single", "one process"),
+                    ("w32", "32-bit"),
+                    ("adaptive", "adaptive"),
+                )
+                if acc.get(k) is not None
+            ),
+        )
+        bars = {b["bar"]: b for b in raw.get("bars", []) if b.get("model") == model}
+        verdict = functools.partial(_adaqp_verdict, bars)
+
+        sent = (
+            _mean(mine, lambda r: r["comm_bytes_per_epoch"]),
+            _mean(w32, lambda r: r["comm_bytes_per_epoch"]),
+        )
+        out.append(
+            case(
+                "adaqp",
+                name,
+                "bytes sent per epoch, all workers",
+                "MiB",
+                None if sent[0] is None else sent[0] / MIB,
+                "32-bit messages",
+                None if sent[1] is None else sent[1] / MIB,
+                note,
+                **verdict(
+                    "adaptive / 32-bit bytes per epoch", "adaptive sends <= 1/5 of 32-bit's bytes"
+                ),
+            )
+        )
+        wall = (
+            _mean(mine, lambda r: r["time_per_epoch_s"]["epoch"]),
+            _mean(w32, lambda r: r["time_per_epoch_s"]["epoch"]),
+        )
+        out.append(
+            case(
+                "adaqp",
+                name,
+                "epoch time, slowest worker (solver included)",
+                "ms",
+                None if wall[0] is None else wall[0] * 1e3,
+                "32-bit messages",
+                None if wall[1] is None else wall[1] * 1e3,
+                None,  # the accuracy is on the bytes row
+                **verdict(
+                    "adaptive+overlap / 32-bit epoch time",
+                    "adaptive + overlap is faster than 32-bit",
+                ),
+            )
+        )
+    return out
+
+
 CASES = {
     "gemm.py": cases_gemm,
     "sparse.py": cases_sparse,
@@ -378,6 +558,7 @@ CASES = {
     "exact.py": cases_exact,
     "exact_ops.py": cases_exact_ops,
     "exact_capacity.py": cases_capacity,
+    "adaqp.py": cases_adaqp,
 }
 SCRIPT_FAMILIES = {
     "gemm.py": "gemm",
@@ -386,6 +567,7 @@ SCRIPT_FAMILIES = {
     "exact.py": "exact-memory",
     "exact_ops.py": "exact-ops",
     "exact_capacity.py": "exact-capacity",
+    "adaqp.py": "adaqp",
 }
 
 
@@ -430,11 +612,22 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+RATIO_RULE = (
+    "ratio = baseline / qtrain: > 1 means qtrain's variant is that many times faster (times) "
+    "or smaller (memory); times are medians after warm-up, ± their interquartile range, "
+    "with baseline and qtrain measured in the same run, interleaved"
+)
 NOTE_CHARS = 160  # longer notes (a DGL error message) are cut in the table; the JSON has them whole
 
 
+def _cell(x: float | None, iqr: float | None, unit: str) -> str:
+    """A value with its spread where repeated timings gave one: ``20.4 ± 0.6``."""
+    return _fmt(x, unit) + ("" if x is None or iqr is None else f" ± {_fmt(iqr, unit)}")
+
+
 def render_table(cases: list[dict[str, Any]]) -> str:
-    """One markdown table per family: a row per case, a value and ratio column per baseline."""
+    """One markdown table per family: a row per case (and measure, where a family has
+    several), a value and ratio column per baseline."""
     blocks: list[str] = []
     families = list(dict.fromkeys(c["family"] for c in cases))
     for family in families:
@@ -442,10 +635,18 @@ def render_table(cases: list[dict[str, Any]]) -> str:
         baselines = list(
             dict.fromkeys(c["baseline_name"] for c in mine if c["baseline_name"] != "-")
         )
-        rows: dict[str, dict[str, Any]] = {}
+        measures = len({c["metric"] for c in mine if c["case"] != "(no result)"}) > 1
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
         for c in mine:
             row = rows.setdefault(
-                c["case"], {"unit": c["unit"], "value": c["value"], "notes": [], "by": {}}
+                (c["case"], c["metric"]),
+                {
+                    "unit": c["unit"],
+                    "value": c["value"],
+                    "iqr": c.get("value_iqr"),
+                    "notes": [],
+                    "by": {},
+                },
             )
             row["by"][c["baseline_name"]] = c
             note = c.get("note")
@@ -458,8 +659,9 @@ def render_table(cases: list[dict[str, Any]]) -> str:
             if c.get("bar") is not None:
                 verdict = {True: "PASS", False: "FAIL", None: "n/a"}[c.get("pass")]
                 row["notes"].append(f"bar: {c['bar']}: {verdict}")
-        unit = mine[0]["unit"]
-        head = ["case", f"qtrain ({unit})"]
+        units = list(dict.fromkeys(row["unit"] for row in rows.values()))
+        head = ["case"] + (["measure"] if measures else [])
+        head.append(f"qtrain ({units[0]})" if len(units) == 1 else "qtrain")
         for b in baselines:
             head += [b, f"vs {b}"]
         head.append("notes")
@@ -469,14 +671,20 @@ def render_table(cases: list[dict[str, Any]]) -> str:
             "| " + " | ".join(head) + " |",
             "|" + "|".join("---" for _ in head) + "|",
         ]
-        for name, row in rows.items():
-            cells = [_escape(name), _fmt(row["value"], row["unit"])]
+        for (name, metric), row in rows.items():
+            cells = [_escape(name)]
+            if measures:
+                cells.append(_escape(metric + ("" if len(units) == 1 else f" ({row['unit']})")))
+            cells.append(_cell(row["value"], row["iqr"], row["unit"]))
             for b in baselines:
                 c = row["by"].get(b)
                 cells += (
                     ["-", "-"]
                     if c is None
-                    else [_fmt(c["baseline"], c["unit"]), _ratio(c["ratio"])]
+                    else [
+                        _cell(c["baseline"], c.get("baseline_iqr"), c["unit"]),
+                        _ratio(c["ratio"]),
+                    ]
                 )
             cells.append(_escape("; ".join(row["notes"])) or "")
             lines.append("| " + " | ".join(cells) + " |")
@@ -484,13 +692,10 @@ def render_table(cases: list[dict[str, Any]]) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def render_markdown(doc: dict[str, Any]) -> str:
-    """The whole report: where and how it ran, then the tables."""
-    profile = "quick" if doc.get("quick") else "full"
+def _provenance(doc: dict[str, Any]) -> list[str]:
+    """Where and how a suite ran, as markdown list items."""
     total = doc.get("seconds")
-    lines = [
-        f"# qtrain benchmarks, {profile} profile: {doc['host']}, {doc['date']}",
-        "",
+    return [
         f"- command: `{doc['command']}`"
         + (f" ({total:.0f} s)" if isinstance(total, int | float) else ""),
         f"- machine: {doc['cpu']}, {doc.get('cores', '?')} cores, {doc['threads']} threads"
@@ -505,13 +710,55 @@ def render_markdown(doc: dict[str, Any]) -> str:
             + ")"
             for j in doc.get("jobs", [])
         ),
-        "- ratio = baseline / qtrain: > 1 means qtrain's variant is that many times faster "
-        "(times) or smaller (memory); medians after warm-up, baseline and qtrain measured in "
-        "the same run",
+        f"- {RATIO_RULE}",
+    ]
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """The whole report: where and how it ran, then the tables."""
+    profile = "quick" if doc.get("quick") else "full"
+    lines = [
+        f"# qtrain benchmarks, {profile} profile: {doc['host']}, {doc['date']}",
+        "",
+        *_provenance(doc),
         "",
         render_table(doc["cases"]),
     ]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the README's tables
+
+README_BEGIN = (
+    "<!-- bench:begin (written by `make bench`: bench/suite.py --readme; do not edit) -->"
+)
+README_END = "<!-- bench:end -->"
+
+
+def readme_section(doc: dict[str, Any], results: str) -> str:
+    """The README's performance tables: this run's, named by its commit and results file."""
+    profile = "quick" if doc.get("quick") else "full"
+    return "\n".join(
+        [
+            f"Measured by the {profile} profile on {doc['date']} on {doc['host']} "
+            f"(`{results}.json` and `.md` hold every figure and each script's own output):",
+            "",
+            *_provenance(doc),
+            "",
+            render_table(doc["cases"]),
+        ]
+    )
+
+
+def replace_readme_section(text: str, section: str) -> str:
+    """``text`` with what lies between the README's two markers replaced by ``section``."""
+    begin, end = text.find(README_BEGIN), text.find(README_END)
+    if begin < 0 or end < begin or text.count(README_BEGIN) != 1 or text.count(README_END) != 1:
+        raise ValueError(
+            f"the README needs one '{README_BEGIN}' line and, after it, one '{README_END}' "
+            "line around the tables the suite writes"
+        )
+    return text[: begin + len(README_BEGIN)] + "\n\n" + section.rstrip() + "\n\n" + text[end:]
 
 
 # ---------------------------------------------------------------- running
@@ -542,11 +789,12 @@ def run_job(
         "seconds": time.perf_counter() - start,
     }
     print(f"=== {job.script}: exit {proc.returncode}, {record['seconds']:.0f} s", flush=True)
-    if proc.returncode != 0:
-        return record, None, f"exit status {proc.returncode}"
     try:
+        # a script whose bars failed still measured: its JSON says which failed
         return record, json.loads(out.read_text()), None
     except (OSError, json.JSONDecodeError) as exc:
+        if proc.returncode != 0:
+            return record, None, f"exit status {proc.returncode}"
         return record, None, f"no JSON ({type(exc).__name__})"
 
 
@@ -571,7 +819,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render", type=Path, default=None, help="print the markdown of a suite JSON"
     )
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        help="also write the tables into this README, between its bench markers "
+        "(make bench); needs a clean checkout, so that they name a commit",
+    )
     args = parser.parse_args(argv)
+    if args.readme is not None:
+        commit = git_commit()
+        problem = None
+        if commit is None or commit.endswith("+dirty"):
+            problem = (
+                "--readme writes tables that name the commit measured, but the checkout has "
+                "uncommitted changes: commit them first, or leave out --readme"
+            )
+        else:
+            try:
+                replace_readme_section(args.readme.read_text(), "")
+            except (OSError, ValueError) as exc:
+                problem = f"{args.readme}: {exc}"
+        if problem is not None:
+            print(f"suite.py: error: {problem}", file=sys.stderr)
+            return 2
     if args.render is not None:
         print(render_markdown(json.loads(args.render.read_text())), end="")
         return 0
@@ -618,6 +889,13 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(markdown, end="")
     print(f"wrote {args.out_dir / stem}.json and .md ({doc['seconds']:.0f} s)")
+    if args.readme is not None:
+        results = (args.out_dir / stem).resolve()
+        with contextlib.suppress(ValueError):
+            results = results.relative_to(ROOT)
+        text = replace_readme_section(args.readme.read_text(), readme_section(doc, str(results)))
+        args.readme.write_text(text)
+        print(f"wrote its tables into {args.readme}")
     return 1 if errors else 0
 
 

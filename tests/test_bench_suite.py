@@ -44,7 +44,9 @@ SPARSE = {
             "dgl_fp32_ms": 90.0,
             "dgl_bf16_ms": 60.0,
             "qtrain_nearest_ms": 30.0,
+            "qtrain_nearest_iqr_ms": 1.5,
             "qtrain_stochastic_ms": 45.0,
+            "dgl_fp32_iqr_ms": 4.0,
         },
         {
             "op": "u_dot_v",
@@ -60,7 +62,7 @@ EPOCH = {
         "gcn": {
             "fp32": {"median_s": 5.0},
             "bf16-autocast": {"median_s": 4.0},
-            "tango": {"median_s": 2.5},
+            "tango": {"median_s": 2.5, "iqr_s": 0.125},
         },
         "gat": {
             "fp32": {"median_s": 12.0},
@@ -73,8 +75,18 @@ MIB = 2**20
 EXACT = {
     "memory": {
         "sage": {
-            "fp32": {"activation_bytes": 1000 * MIB, "trains": True},
-            "int2": {"activation_bytes": 50 * MIB, "trains": True},
+            "fp32": {
+                "activation_bytes": 1000 * MIB,
+                "peak_memory_bytes": 4000 * MIB,
+                "step_added_bytes": 1500 * MIB,
+                "trains": True,
+            },
+            "int2": {
+                "activation_bytes": 50 * MIB,
+                "peak_memory_bytes": 3200 * MIB,
+                "step_added_bytes": 600 * MIB,
+                "trains": True,
+            },
             "rp8-int2": {"activation_bytes": 40 * MIB, "trains": True},
         },
     },
@@ -104,7 +116,12 @@ EXACT_OPS = {
         "fused dequantize + project back INT2 [32 -> 256]": 30.0,
         "ReLU backward: masked_scale from packed bits": 15.0,
         "ReLU backward: torch threshold_backward": 60.0,
-    }
+    },
+    "iqr_ms": {
+        "fused project + quantize INT2 [256 -> 32]": 1.0,
+        "ReLU backward: masked_scale from packed bits": 0.5,
+        "ReLU backward: torch threshold_backward": 2.0,
+    },
 }
 GIB = 2**30
 CAPACITY = {
@@ -129,6 +146,48 @@ CAPACITY = {
     },
     "bars": {"fp32 exceeds the budget": True, "int2 trains under the budget": True},
 }
+ADAQP = {
+    "workers": 4,
+    "seeds": [0, 1],
+    "results": {
+        "gcn": {
+            "single": [{"test_acc": 0.70}, {"test_acc": 0.72}],
+            "w32": [
+                {
+                    "test_acc": 0.70,
+                    "comm_bytes_per_epoch": 100 * MIB,
+                    "time_per_epoch_s": {"epoch": 3.0},
+                },
+                {
+                    "test_acc": 0.72,
+                    "comm_bytes_per_epoch": 100 * MIB,
+                    "time_per_epoch_s": {"epoch": 3.4},
+                },
+            ],
+            "adaptive": [
+                {
+                    "test_acc": 0.69,
+                    "comm_bytes_per_epoch": 10 * MIB,
+                    "time_per_epoch_s": {"epoch": 2.0},
+                },
+                {
+                    "test_acc": 0.71,
+                    "comm_bytes_per_epoch": 15 * MIB,
+                    "time_per_epoch_s": {"epoch": 2.0},
+                },
+            ],
+        }
+    },
+    "bars": [
+        {"model": "gcn", "bar": "adaptive / 32-bit bytes per epoch", "value": 0.125, "pass": True},
+        {
+            "model": "gcn",
+            "bar": "adaptive+overlap / 32-bit epoch time",
+            "value": 0.625,
+            "pass": True,
+        },
+    ],
+}
 RAW = {
     "gemm.py": GEMM,
     "sparse.py": SPARSE,
@@ -136,12 +195,22 @@ RAW = {
     "exact.py": EXACT,
     "exact_ops.py": EXACT_OPS,
     "exact_capacity.py": CAPACITY,
+    "adaqp.py": ADAQP,
 }
 
 
-def _find(cases: list[dict[str, Any]], family: str, name: str, baseline: str) -> dict[str, Any]:
-    """The case named ``name`` exactly, or else the one case whose name starts with it."""
-    mine = [c for c in cases if c["family"] == family and c["baseline_name"] == baseline]
+def _find(
+    cases: list[dict[str, Any]], family: str, name: str, baseline: str, metric: str = ""
+) -> dict[str, Any]:
+    """The case named ``name`` exactly, or else the one case whose name starts with it
+    (of the measure starting with ``metric``)."""
+    mine = [
+        c
+        for c in cases
+        if c["family"] == family
+        and c["baseline_name"] == baseline
+        and c["metric"].startswith(metric)
+    ]
     hits = [c for c in mine if c["case"] == name] or [c for c in mine if c["case"].startswith(name)]
     assert len(hits) == 1, (family, name, baseline, [c["case"] for c in mine])
     return hits[0]
@@ -161,7 +230,7 @@ def test_ratios_are_baseline_over_value(suite: Any) -> None:
     assert (gcn["value"], gcn["baseline"], gcn["ratio"]) == (2500.0, 4000.0, 1.6)
     assert _find(cases, "epoch", "GAT", "DGL FP32")["ratio"] == 2.0
 
-    mem = _find(cases, "exact-memory", "SAGE 3 x 256 (mean), exact INT2", "FP32")
+    mem = _find(cases, "exact-memory", "SAGE 3 x 256 (mean), exact INT2", "FP32", "activations")
     assert (mem["value"], mem["baseline"], mem["ratio"], mem["unit"]) == (50.0, 1000.0, 20.0, "MiB")
     assert mem["pass"] is True
     int2 = _find(cases, "exact-epoch", "SAGE 3 x 256 (mean), exact INT2", "FP32")
@@ -246,6 +315,7 @@ def test_markdown(suite: Any) -> None:
         "exact-epoch",
         "exact-ops",
         "exact-capacity",
+        "adaqp",
     ]
     assert (
         "| case | qtrain (ms) | FP32 | vs FP32 | bf16 autocast | vs bf16 autocast | notes |"
@@ -279,3 +349,132 @@ def test_profiles_name_every_script(suite: Any) -> None:
         assert sorted(scripts) == sorted(suite.CASES)
         for script in scripts:
             assert (BENCH / script).is_file()
+
+
+def test_memory_has_the_kernels_measure_beside_qtrains_meter(suite: Any) -> None:
+    cases = suite.collect(RAW)
+    name = "SAGE 3 x 256 (mean), exact INT2"
+    rss = _find(cases, "exact-memory", name, "FP32", "step's peak resident memory")
+    assert (rss["value"], rss["baseline"], rss["ratio"]) == (3200.0, 4000.0, 1.25)
+    added = _find(cases, "exact-memory", name, "FP32", "resident memory the step added")
+    assert added["ratio"] == 2.5
+    assert "bar" not in rss  # the bars judge the meter's figure only
+    # a variant whose JSON has no resident figures gets the meter's row alone
+    rp = [c for c in cases if c["case"] == "SAGE 3 x 256 (mean), exact RP 8 + INT2"]
+    assert {c["metric"] for c in rp if c["family"] == "exact-memory"} == {
+        "activations saved for backward (qtrain's meter)"
+    }
+    md = suite.render_table([c for c in cases if c["family"] == "exact-memory"]).splitlines()
+    assert "| case | measure | qtrain (MiB) | FP32 | vs FP32 | notes |" in md
+    row = next(line for line in md if "step's peak resident" in line and "exact INT2 |" in line)
+    assert "| 3200 | 4000 | 1.25x |" in row
+
+
+def test_adaqp_compares_adaptive_bits_with_32_bit_messages(suite: Any) -> None:
+    cases = suite.collect(RAW)
+    sent = _find(cases, "adaqp", "GCN 3 x 256, 4 workers", "32-bit messages", "bytes")
+    assert (sent["value"], sent["baseline"], sent["ratio"]) == (12.5, 100.0, 8.0)
+    assert sent["pass"] is True and "1/5" in sent["bar"]
+    wall = _find(cases, "adaqp", "GCN 3 x 256, 4 workers", "32-bit messages", "epoch time")
+    assert (wall["value"], wall["baseline"], wall["ratio"]) == (2000.0, 3200.0, 1.6)
+    assert "one process 71.00, 32-bit 71.00, adaptive 70.00" in sent["note"]
+    assert "2 seeds" in sent["note"] and wall["note"] is None
+    mixed = suite.render_table([c for c in cases if c["family"] == "adaqp"]).splitlines()
+    # two units in one table: the unit goes with the measure
+    assert "| case | measure | qtrain | 32-bit messages | vs 32-bit messages | notes |" in mixed
+    assert any("per epoch, all workers (MiB) | 12.5 | 100.0 | 8.00x |" in x for x in mixed)
+
+
+def test_spreads_are_shown_beside_medians(suite: Any) -> None:
+    c = suite.case(
+        "gemm", "x", "median time", "ms", 10.0, "FP32", 30.0, value_iqr=0.4, baseline_iqr=2.25
+    )
+    assert (c["value_iqr"], c["baseline_iqr"]) == (0.4, 2.25)
+    line = suite.render_table([c]).splitlines()[-1]
+    assert line == "| x | 10.0 ± 0.4 | 30.0 ± 2.2 | 3.00x |  |"
+
+
+README = """# tool
+
+intro
+
+<!-- bench:begin (written by `make bench`: bench/suite.py --readme; do not edit) -->
+
+old tables
+
+<!-- bench:end -->
+
+## Layout
+"""
+
+
+def test_the_readme_section_between_the_markers_is_replaced(suite: Any) -> None:
+    once = suite.replace_readme_section(README, "new tables\n")
+    assert "old tables" not in once and "new tables" in once
+    assert once.startswith("# tool\n\nintro\n")
+    assert once.endswith("<!-- bench:end -->\n\n## Layout\n")
+    assert suite.replace_readme_section(once, "new tables\n") == once  # idempotent
+    for broken in (
+        README.replace(suite.README_END, ""),
+        README.replace(suite.README_BEGIN, ""),
+        README + suite.README_BEGIN,
+        "# tool\n" + suite.README_END + "\n" + suite.README_BEGIN + "\n",
+    ):
+        with pytest.raises(ValueError, match="bench:begin"):
+            suite.replace_readme_section(broken, "x")
+
+
+def test_readme_tables_need_a_committed_checkout(
+    suite: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    ran: list[Any] = []
+    monkeypatch.setattr(suite, "run_job", lambda *a: ran.append(a))
+    monkeypatch.setattr(suite, "git_commit", lambda: "abc123+dirty")
+    assert suite.main(["--readme", str(readme), "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "uncommitted changes" in err[0]
+    monkeypatch.setattr(suite, "git_commit", lambda: "abc123")
+    readme.write_text("# no markers\n")
+    assert suite.main(["--readme", str(readme), "--out-dir", str(tmp_path)]) == 2
+    assert "bench:begin" in capsys.readouterr().err
+    assert ran == [] and readme.read_text() == "# no markers\n"  # refused before measuring
+
+
+def test_the_readme_names_the_commit_and_the_results(suite: Any) -> None:
+    doc = {
+        "host": "box",
+        "date": "2026-11-26 05:00 UTC",
+        "command": "python bench/suite.py --readme README.md",
+        "git_commit": "0123abc",
+        "threads": 2,
+        "cpu": "AMD EPYC",
+        "cores": 2,
+        "quick": False,
+        "seconds": 600.0,
+        "jobs": [],
+        "cases": suite.collect(RAW),
+    }
+    section = suite.readme_section(doc, "bench/results/box-2026-11-26")
+    assert "full profile on 2026-11-26 05:00 UTC on box" in section
+    assert "`bench/results/box-2026-11-26.json`" in section
+    assert "- commit: 0123abc" in section and "ratio = baseline / qtrain" in section
+    assert "| fwd X@W nearest, hidden 128 | 10.0 | 30.0 | 3.00x |" in section
+
+
+def test_the_scripts_spreads_reach_the_cases(suite: Any) -> None:
+    cases = suite.collect(RAW)
+    copy = _find(cases, "sparse", "copy_u_sum x[N,128]", "DGL FP32")
+    assert (copy["value_iqr"], copy["baseline_iqr"]) == (1.5, 4.0)
+    assert (
+        _find(cases, "sparse", "copy_u_sum x[N,128], stochastic", "DGL FP32")["value_iqr"] is None
+    )
+    gcn = _find(cases, "epoch", "GCN", "DGL FP32")
+    assert (gcn["value_iqr"], gcn["baseline_iqr"]) == (125.0, None)
+    relu = _find(cases, "exact-ops", "ReLU backward", "torch / unfused")
+    assert (relu["value_iqr"], relu["baseline_iqr"]) == (0.5, 2.0)
+    fused = _find(cases, "exact-ops", "RP 8 + INT2 compress", "torch / unfused")
+    assert (fused["value_iqr"], fused["baseline_iqr"]) == (1.0, None)  # a sum of two medians
+    md = suite.render_table([copy])
+    assert "| copy_u_sum x[N,128] | 30.0 ± 1.5 | 90.0 ± 4.0 | 3.00x |" in md
