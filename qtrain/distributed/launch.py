@@ -1,20 +1,27 @@
 """Starting the workers of a distributed run, and being one.
 
 ``qtrain run`` with ``[distributed] world_size > 1`` starts ``world_size``
-copies of itself on this machine (``python -m qtrain run <resolved recipe>``
-with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` set, as
-torchrun sets them), waits, and returns rank 0's summary. A process started
-with those variables (by this launcher or by ``torchrun`` across machines) is
-a worker: it joins the process group, partitions the graph like every other
-worker, and trains its part; rank 0 writes the run directory.
+copies of itself on this machine (``python -m qtrain run <resolved recipe>``)
+through torch's elastic launcher, the one behind torchrun (``elastic_launch``:
+one node, no restarts, a static rendezvous on 127.0.0.1), waits, and returns
+rank 0's summary. A process started with ``RANK`` and ``WORLD_SIZE`` set (by
+this launcher or by ``torchrun`` across machines) is a worker: it joins the
+process group, partitions the graph like every other worker, and trains its
+part; rank 0 writes the run directory.
 
-If a worker exits with an error or is killed, the launcher stops the others
-(SIGTERM, then SIGKILL after a grace period) and fails with one line naming
-the rank and quoting that worker's own error; workers die with the launcher
+If a worker exits with an error or is killed, the elastic agent stops the
+others (SIGTERM, then SIGKILL after its 30 s grace period) and the launcher
+fails with one line naming the rank and quoting that worker's own error. A
+stop signal to the launcher (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) is passed on to
+the workers, as torchrun does, with SIGKILL after ``GRACE_S``; the run ends
+"interrupted". Workers die with the launcher even when it is killed outright
 (Linux parent-death signal), so none is left behind; a worker whose peer
 vanished fails on its own after ``timeout_s``. Rank 0's progress goes to
 standard error (its error line, if any, only into the launcher's message);
-every worker's output also goes to ``worker-<rank>.log`` in the run directory.
+every worker's standard error also goes to ``worker-<rank>.log`` in the run
+directory, and nothing else of the elastic agent's is written there. The
+agent's own log lines stay off the terminal unless they are errors the
+launcher's message does not already tell (``LOGLEVEL=INFO`` shows them all).
 """
 
 from __future__ import annotations
@@ -22,21 +29,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 
-from qtrain import signals
 from qtrain._malloc import keep_freed_memory
 from qtrain.errors import QtrainError, RecipeError, RunFailed
 from qtrain.recipe import Recipe, resolve_toml
@@ -44,9 +49,14 @@ from qtrain.train.progress import Reporter
 from qtrain.train.rundir import RunDir, create_run_dir
 
 ENV_RUN_DIR = "QTRAIN_RUN_DIR"  # the launcher's run directory, for rank 0
-GRACE_S = 10.0  # between SIGTERM and SIGKILL when stopping workers
+ENV_LAUNCHER_PID = "QTRAIN_LAUNCHER_PID"  # a worker of ``launch`` dies with this process
+GRACE_S = 10  # between passing a stop signal on to the workers and SIGKILL
+MONITOR_S = 0.1  # how often the elastic agent looks at its workers
+# the signals the elastic agent passes on to the workers (torchrun's set)
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 ERROR_PREFIX = "qtrain: error: "
 EXIT_BAD_INPUT = 2  # a worker refused its input (the CLI's status for QtrainError)
+ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 
 
 def in_worker() -> bool:
@@ -76,24 +86,39 @@ class DiscardRunDir(RunDir):
         pass
 
 
+def worker_log(path: Path, rank: int) -> Path:
+    """Where the launcher keeps worker ``rank``'s standard error."""
+    return path / f"worker-{rank}.log"
+
+
+class RunDirLogs(LogsSpecs):
+    """The elastic agent's log destinations: each worker's standard error in
+    ``worker-<rank>.log`` of the run directory, its standard output dropped (rank 0's
+    result is its summary), and no error files (qtrain's workers report through their
+    exit status and their last ``qtrain: error:`` line). The default would put
+    ``<tmp>/torchelastic_*/<run id>/attempt_0/<rank>/{stdout,stderr}.log`` elsewhere."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(log_dir=str(path))
+        self.path = path
+
+    @property
+    def root_log_dir(self) -> str:
+        return str(self.path)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        ranks = {local: int(env.get("RANK", local)) for local, env in envs.items()}
+        return LogsDest(
+            stdouts=dict.fromkeys(envs, os.devnull),
+            stderrs={local: str(worker_log(self.path, r)) for local, r in ranks.items()},
+            error_files=dict.fromkeys(envs, os.devnull),
+        )
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every worker still running, then SIGKILL what outlives the grace period."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + GRACE_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _how(code: int) -> str:
@@ -105,20 +130,29 @@ def _how(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the launcher dies (Linux)."""
+def _die_with_launcher() -> None:
+    """In a worker of ``launch``: get SIGTERM when the launcher dies (Linux), so that a
+    launcher killed outright (SIGKILL, which it cannot pass on) leaves no worker behind.
+    The elastic agent starts workers without a hook before exec, so the worker asks."""
+    launcher = os.environ.get(ENV_LAUNCHER_PID)
+    if not launcher:
+        return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(launcher):  # it died before this worker asked
+        signal.raise_signal(signal.SIGTERM)
 
 
-def _forward(stream: Any, log: Any) -> None:
-    """Rank 0's stderr: progress to ours, everything to its log, its error line only there."""
-    for raw in iter(stream.readline, b""):
-        log.write(raw)
-        log.flush()
-        if not raw.startswith(ERROR_PREFIX.encode()):
-            sys.stderr.buffer.write(raw)
-            sys.stderr.flush()
+def _rearm_sigterm() -> None:
+    """Install SIGTERM's handler again after METIS: GKlib saves and restores it with SysV
+    ``signal()``, which leaves Python's handler one-shot (SA_RESETHAND). A second SIGTERM
+    before the handler ran would then kill the worker outright, and one comes when the
+    launcher is killed (Linux sends the parent-death signal once per launcher thread the
+    worker is handed over from)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not None:  # None: not installed from Python, not ours to touch
+        with contextlib.suppress(ValueError):  # only the main thread may
+            signal.signal(signal.SIGTERM, handler)
 
 
 def _error_line(log: Path) -> str | None:
@@ -129,6 +163,69 @@ def _error_line(log: Path) -> str | None:
         return None
     found = [line[len(ERROR_PREFIX) :] for line in lines if line.startswith(ERROR_PREFIX)]
     return found[-1] if found else None
+
+
+class _NotTheFailure(logging.Filter):
+    """Drop the agent's "failed (exitcode: ...)" record: the launcher's one line says it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed (exitcode")
+
+
+@contextlib.contextmanager
+def _quiet_elastic() -> Iterator[None]:
+    """Keep the elastic agent's informational lines and warnings (closing signals sent,
+    rendezvous details) off the terminal; errors it alone knows (a worker that outlived
+    SIGKILL) still show. ``LOGLEVEL`` (the agent's own variable) lowers the bar."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(os.environ.get("LOGLEVEL", "ERROR").upper())
+    handler.addFilter(_NotTheFailure())
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    saved = []
+    for name in ELASTIC_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.propagate))
+        logger.addHandler(handler)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for logger, propagate in saved:
+            logger.removeHandler(handler)
+            logger.propagate = propagate
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the ``with`` body (the elastic agent gives workers
+    this process's environment), and put back what was there; the agent's
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` goes too."""
+    names = [*values, "TORCHELASTIC_SIGNALS_TO_HANDLE"]
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Give back the stop-signal handlers the elastic agent replaces with its own (which
+    raise ``SignalException``) once it is done: ``qtrain.signals``' again."""
+    signums = [signal.Signals[name] for name in STOP_SIGNALS]
+    saved = {signum: signal.getsignal(signum) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            current = signal.getsignal(signum)
+            if getattr(current, "__module__", "").startswith("torch.distributed.elastic"):
+                signal.signal(signum, handler)
 
 
 def check_launchable(recipe: Recipe) -> None:
@@ -234,6 +331,11 @@ def launch(recipe: Recipe) -> dict[str, Any]:
     """Start ``world_size`` workers here, wait for them, and return rank 0's summary."""
     import json
 
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     check_launchable(recipe)
     world = recipe.distributed.world_size
     check_local_capacity(world)
@@ -247,67 +349,64 @@ def launch(recipe: Recipe) -> dict[str, Any]:
     run = RunDir(path)
     run.write_recipe(resolve_toml(recipe))
     threads = recipe.train.threads or max(1, (os.cpu_count() or 1) // world)
-    base = {
-        **os.environ,
-        "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-        "OMP_NUM_THREADS": str(threads),
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=world,
+        logs_specs=RunDirLogs(path),
+        run_id=path.name,
+        role="qtrain",
+        rdzv_backend="static",  # one node: the agent's own TCPStore, which workers join
+        rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+        rdzv_configs={"rank": 0},
+        max_restarts=0,
+        monitor_interval=MONITOR_S,
+        signals_to_handle=",".join(STOP_SIGNALS),
+        shutdown_timeout=GRACE_S,
+    )
+    # rank 0's progress on our standard error, its error line only in our message
+    progress = TailLog(
+        "qtrain",
+        {0: str(worker_log(path, 0))},
+        sys.stderr,
+        log_line_prefixes={0: ""},
+        log_line_filter=lambda line: not line.startswith(ERROR_PREFIX),
+    )
+    command = ("-m", "qtrain", "run", str(path / "recipe.toml"))
+    env = {
         ENV_RUN_DIR: str(path),
+        ENV_LAUNCHER_PID: str(os.getpid()),
+        "OMP_NUM_THREADS": str(threads),
     }
-    logs = [open(path / f"worker-{rank}.log", "wb") for rank in range(world)]  # noqa: SIM115
-    procs: list[subprocess.Popen[bytes]] = []
-    forwarder: threading.Thread | None = None
     try:
-        for rank in range(world):
-            env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "qtrain", "run", str(path / "recipe.toml")],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE if rank == 0 else logs[rank],
-                    preexec_fn=_die_with_parent,  # runs before exec; sets no locks
-                )
-            )
-            if rank == 0:
-                forwarder = threading.Thread(
-                    target=_forward, args=(procs[0].stderr, logs[0]), daemon=True
-                )
-                forwarder.start()
-        while True:
-            signals.raise_if_stopped()  # an interrupt Python dropped in a finalizer
-            codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                rank, code = failed[0]
-                _stop(procs)
-                if forwarder is not None:
-                    forwarder.join(timeout=GRACE_S)
-                for log in logs:
-                    log.flush()
-                said = _error_line(path / f"worker-{rank}.log")
-                message = (
-                    f"worker rank {rank} {_how(code)}"
-                    + (f": {said}" if said else f" (see {path / f'worker-{rank}.log'})")
-                    + f"; the other workers were stopped and {path} keeps what rank 0 wrote"
-                )
-                close_summary(path, "failed", message)
-                raise (QtrainError if code == EXIT_BAD_INPUT else RunFailed)(message)
-            if all(c == 0 for c in codes):
-                break
-            time.sleep(0.2)
-    except BaseException as exc:
-        _stop(procs)
-        if isinstance(exc, KeyboardInterrupt):
-            close_summary(path, "interrupted", "stopped by a signal")
+        with _quiet_elastic(), _environ(**env):
+            try:
+                with _own_signal_handlers():
+                    progress.start()
+                    elastic_launch(config, sys.executable)(*command)
+            finally:  # the workers are gone: rank 0's log is complete
+                progress.stop()
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()  # the others were stopped after it
+        said = _error_line(worker_log(path, rank))
+        message = (
+            f"worker rank {rank} {_how(failure.exitcode)}"
+            + (f": {said}" if said else f" (see {worker_log(path, rank)})")
+            + f"; the other workers were stopped and {path} keeps what rank 0 wrote"
+        )
+        close_summary(path, "failed", message)
+        raise (QtrainError if failure.exitcode == EXIT_BAD_INPUT else RunFailed)(message) from None
+    except (SignalException, KeyboardInterrupt) as exc:
+        # the agent passed the signal on and waited for the workers (SignalException);
+        # one that came before it started them interrupts it as Ctrl-C does
+        close_summary(path, "interrupted", "stopped by a signal")
+        if isinstance(exc, SignalException):
+            raise KeyboardInterrupt(exc.sigval.name) from None
         raise
-    finally:
-        if forwarder is not None:
-            forwarder.join(timeout=GRACE_S)
-        for log in logs:
-            log.close()
+    except Exception as exc:  # the agent itself failed (its rendezvous, a port in use)
+        message = f"the elastic launcher failed: {type(exc).__name__}: {exc}"
+        close_summary(path, "failed", message)  # the agent stopped what it had started
+        raise RunFailed(f"{message}; no worker is left running (run directory {path})") from exc
     summary_file = path / "summary.json"
     if not summary_file.exists():
         raise RunFailed(f"the workers finished but rank 0 wrote no summary in {path}")
@@ -348,6 +447,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
     from qtrain.train.prepare import prepared
     from qtrain.train.training import train_prepared
 
+    _die_with_launcher()
     cfg = recipe.distributed
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
@@ -368,6 +468,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
         parts = torch.empty(graph.num_nodes(), dtype=torch.int64, device=device)
         if rank == 0:
             parts = assign_parts(graph, world, cfg.partition, recipe.train.seed).to(device)
+            _rearm_sigterm()
         dist.broadcast(parts, 0)
         parts = parts.cpu()  # partitioning runs on the CPU copy of the structure
         for tensor in model.state_dict().values():

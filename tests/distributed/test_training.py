@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -490,6 +492,40 @@ def test_refused_before_any_worker_starts(recipe: Path) -> None:
     )
 
 
+def test_a_run_shows_rank_0s_progress_only_and_logs_every_worker(recipe: Path) -> None:
+    """The elastic agent adds nothing to the terminal or the run directory."""
+    done = _qtrain(recipe, "distributed.world_size=2", "train.epochs=2")
+    run_dir = Path(_summary(done)["run_dir"])
+    rank0 = (run_dir / "worker-0.log").read_text().splitlines()
+    assert any(line.startswith("epoch    2/2") for line in rank0), rank0
+    assert done.stderr.splitlines() == rank0  # progress, and no line of the agent's
+    assert (run_dir / "worker-1.log").is_file()
+    expected = {"recipe.toml", "metrics.jsonl", "summary.json", "worker-0.log", "worker-1.log"}
+    expected |= {"checkpoint.pt", "resume.pt", "curves.csv", "curves.png"}
+    assert {p.name for p in run_dir.iterdir()} <= expected
+
+
+def test_a_worker_that_refuses_its_input_ends_the_run_with_one_line(recipe: Path) -> None:
+    """Each worker reads the dataset itself: a missing one is refused by the workers (exit
+    status 2), and the launcher says so once, quoting the worker's own line."""
+    (recipe.parent / "data").mkdir()
+    done = _qtrain(recipe, "distributed.world_size=2", 'dataset.name="cora"')
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("qtrain: error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert re.fullmatch(
+        r"qtrain: error: worker rank [01] exited with status 2: dataset 'cora': the folder "
+        r".* does not exist; .*; the other workers were stopped and (.*) keeps what rank 0 "
+        r"wrote",
+        errors[0],
+    ), errors[0]
+    (run_dir,) = (recipe.parent / "runs").iterdir()
+    for rank in (0, 1):  # each worker's own error is in its log
+        assert "qtrain: error: dataset 'cora'" in (run_dir / f"worker-{rank}.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "exited with status 2" in summary["error"]
+
+
 def _descendants(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     kids = [int(x) for x in out.stdout.split()]
@@ -531,6 +567,45 @@ def test_a_killed_worker_ends_the_run_naming_its_rank(recipe: Path) -> None:
     assert not [w for w in workers if _alive(w)]
 
 
+def test_workers_die_with_a_launcher_killed_outright(recipe: Path) -> None:
+    """SIGKILL cannot be passed on: the workers' parent-death signal (SIGTERM) stops them,
+    and rank 0 ends the summary "interrupted" itself."""
+    env = {**os.environ, "QTRAIN_DATA_DIR": str(recipe.parent / "data")}
+    sets = ["--set", "distributed.world_size=2", "--set", "train.epochs=1000000"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "qtrain", "run", str(recipe), *sets],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    workers: list[int] = []
+    try:
+        runs = recipe.parent / "runs"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:  # wait until rank 0 has trained an epoch
+            metrics = list(runs.glob("*/metrics.jsonl"))
+            if metrics and metrics[0].read_text().strip():
+                break
+            assert launcher.poll() is None
+            time.sleep(0.2)
+        workers = _descendants(launcher.pid)
+        assert len(workers) == 2
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 60
+        while [w for w in workers if _alive(w)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+    assert not [w for w in workers if _alive(w)]
+    summary = json.loads((metrics[0].parent / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -564,10 +639,11 @@ def test_more_local_workers_than_the_machine_holds_are_refused(tmp_path: Path) -
 def test_an_interrupted_distributed_run_keeps_its_summary_and_checkpoint(
     recipe: Path, how: str
 ) -> None:
-    """Ctrl-C reaches the launcher and every worker (one process group), and the launcher
-    then SIGTERMs the workers; SIGTERM (a scheduler) reaches the launcher only. Either way
-    the summary ends "interrupted" (written by rank 0, or by the launcher when rank 0 was
-    stuck in a collective whose peer had gone) and the last checkpoint stays."""
+    """Ctrl-C (the shell's process group) and SIGTERM (a scheduler) reach the launcher
+    only: the elastic agent starts each worker in a session of its own, and passes the
+    signal on to them. Either way the summary ends "interrupted" (written by rank 0, or by
+    the launcher when rank 0 was stuck in a collective whose peer had gone) and the last
+    checkpoint stays."""
     env = {**os.environ, "QTRAIN_DATA_DIR": str(recipe.parent / "data")}
     sets = ["--set", "distributed.world_size=2", "--set", "train.epochs=1000000"]
     sets += ["--set", "output.checkpoint_every=1"]
