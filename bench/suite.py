@@ -26,6 +26,9 @@ listed with it.
                                                # README's tables rewritten from it
     python bench/suite.py --quick    # make bench-quick: fewer sizes and repetitions
     python bench/suite.py --render bench/results/<host>-<date>.json   # the markdown again
+    python bench/suite.py --render bench/results/<host>-<date>.json --readme README.md
+                                     # a run's figures into the README again (after a
+                                     # change to how the tables are drawn: no new numbers)
 
 Writes ``bench/results/<host>-<date>.json`` and ``.md`` (``-quick`` before the
 suffix for the quick profile, so it never overwrites a full run).
@@ -476,6 +479,12 @@ def _mean(rows: list[dict[str, Any]], get: Any) -> float | None:
     return None if not values or None in values else statistics.mean(values)  # type: ignore[arg-type]
 
 
+ADAQP_ACCURACY_BARS = (
+    ("32-bit workers vs one process, accuracy points", "32-bit within 0.1 point of one process"),
+    ("adaptive vs 32-bit, accuracy points", "adaptive within 0.3 point of 32-bit"),
+)
+
+
 def _adaqp_verdict(bars: dict[str, Any], bar: str, want: str) -> dict[str, Any]:
     found = bars.get(bar)
     return {} if found is None else {"bar": want, "pass": bool(found["pass"])}
@@ -508,6 +517,11 @@ def cases_adaqp(raw: dict[str, Any]) -> list[dict[str, Any]]:
         )
         bars = {b["bar"]: b for b in raw.get("bars", []) if b.get("model") == model}
         verdict = functools.partial(_adaqp_verdict, bars)
+        accuracy_bars = [  # beside the accuracy note, never cut short with it
+            {"bar": f"{want} ({bars[bar]['value']:.2f} points)", "pass": bool(bars[bar]["pass"])}
+            for bar, want in ADAQP_ACCURACY_BARS
+            if bar in bars
+        ]
 
         sent = (
             _mean(mine, lambda r: r["comm_bytes_per_epoch"]),
@@ -523,6 +537,7 @@ def cases_adaqp(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "32-bit messages",
                 None if sent[1] is None else sent[1] / MIB,
                 note,
+                more_bars=accuracy_bars,
                 **verdict(
                     "adaptive / 32-bit bytes per epoch", "adaptive sends <= 1/5 of 32-bit's bytes"
                 ),
@@ -656,9 +671,10 @@ def render_table(cases: list[dict[str, Any]]) -> str:
                     row["notes"].append(note)
             if c.get("baseline_what"):
                 row["notes"].append(f"baseline: {c['baseline_what']}")
-            if c.get("bar") is not None:
-                verdict = {True: "PASS", False: "FAIL", None: "n/a"}[c.get("pass")]
-                row["notes"].append(f"bar: {c['bar']}: {verdict}")
+            judged = [*c.get("more_bars", []), *([c] if c.get("bar") is not None else [])]
+            for bar in judged:
+                verdict = {True: "PASS", False: "FAIL", None: "n/a"}[bar.get("pass")]
+                row["notes"].append(f"bar: {bar['bar']}: {verdict}")
         units = list(dict.fromkeys(row["unit"] for row in rows.values()))
         head = ["case"] + (["measure"] if measures else [])
         head.append(f"qtrain ({units[0]})" if len(units) == 1 else "qtrain")
@@ -750,6 +766,15 @@ def readme_section(doc: dict[str, Any], results: str) -> str:
     )
 
 
+def write_readme(readme: Path, doc: dict[str, Any], results: Path) -> None:
+    """Put ``doc``'s tables into ``readme``, naming ``results`` (its JSON without suffix)."""
+    where = results.resolve()
+    with contextlib.suppress(ValueError):
+        where = where.relative_to(ROOT)
+    readme.write_text(replace_readme_section(readme.read_text(), readme_section(doc, str(where))))
+    print(f"wrote the tables of {where}.json into {readme}")
+
+
 def replace_readme_section(text: str, section: str) -> str:
     """``text`` with what lies between the README's two markers replaced by ``section``."""
     begin, end = text.find(README_BEGIN), text.find(README_END)
@@ -808,6 +833,25 @@ def _first(raw: dict[str, Any], *paths: tuple[str, ...]) -> Any:
     return None
 
 
+def _readme_problem(readme: Path, doc: dict[str, Any] | None, source: Path | None) -> str | None:
+    """Why the README's tables cannot be written, checked before anything is measured: they
+    must name a clean commit (the checkout's, or that of the saved run being rendered)."""
+    if doc is None:
+        commit = git_commit()
+        if commit is None or commit.endswith("+dirty"):
+            return (
+                "--readme writes tables that name the commit measured, but the checkout has "
+                "uncommitted changes: commit them first, or leave out --readme"
+            )
+    elif str(doc.get("git_commit") or "+dirty").endswith("+dirty"):
+        return f"{source} names no clean commit, so its tables cannot go into the README"
+    try:
+        replace_readme_section(readme.read_text(), "")
+    except (OSError, ValueError) as exc:
+        return f"{readme}: {exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the quick profile (make bench-quick)")
@@ -827,24 +871,18 @@ def main(argv: list[str] | None = None) -> int:
         "(make bench); needs a clean checkout, so that they name a commit",
     )
     args = parser.parse_args(argv)
+    doc = json.loads(args.render.read_text()) if args.render is not None else None
     if args.readme is not None:
-        commit = git_commit()
-        problem = None
-        if commit is None or commit.endswith("+dirty"):
-            problem = (
-                "--readme writes tables that name the commit measured, but the checkout has "
-                "uncommitted changes: commit them first, or leave out --readme"
-            )
-        else:
-            try:
-                replace_readme_section(args.readme.read_text(), "")
-            except (OSError, ValueError) as exc:
-                problem = f"{args.readme}: {exc}"
+        problem = _readme_problem(args.readme, doc, args.render)
         if problem is not None:
             print(f"suite.py: error: {problem}", file=sys.stderr)
             return 2
-    if args.render is not None:
-        print(render_markdown(json.loads(args.render.read_text())), end="")
+    if doc is not None:
+        doc["cases"] = collect(doc.get("raw", {}), doc.get("errors", {}))  # today's rendering
+        if args.readme is not None:
+            write_readme(args.readme, doc, args.render.with_suffix(""))
+        else:
+            print(render_markdown(doc), end="")
         return 0
 
     profile = "quick" if args.quick else "full"
@@ -879,6 +917,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "seconds": time.perf_counter() - start,
         "jobs": records,
+        "errors": errors,
         "cases": collect(raw, errors),
         "raw": raw,
     }
@@ -890,12 +929,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown, end="")
     print(f"wrote {args.out_dir / stem}.json and .md ({doc['seconds']:.0f} s)")
     if args.readme is not None:
-        results = (args.out_dir / stem).resolve()
-        with contextlib.suppress(ValueError):
-            results = results.relative_to(ROOT)
-        text = replace_readme_section(args.readme.read_text(), readme_section(doc, str(results)))
-        args.readme.write_text(text)
-        print(f"wrote its tables into {args.readme}")
+        write_readme(args.readme, doc, args.out_dir / stem)
     return 1 if errors else 0
 
 

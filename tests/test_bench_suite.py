@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -478,3 +479,56 @@ def test_the_scripts_spreads_reach_the_cases(suite: Any) -> None:
     assert (fused["value_iqr"], fused["baseline_iqr"]) == (1.0, None)  # a sum of two medians
     md = suite.render_table([copy])
     assert "| copy_u_sum x[N,128] | 30.0 ± 1.5 | 90.0 ± 4.0 | 3.00x |" in md
+
+
+def test_a_saved_run_renders_into_the_readme_again(suite: Any, tmp_path: Path) -> None:
+    """A change to how the tables are drawn needs no new run: --render with --readme."""
+    saved = tmp_path / "box-2026-11-26.json"
+    doc = {
+        "host": "box",
+        "date": "2026-11-26 05:00 UTC",
+        "command": "python bench/suite.py --readme README.md",
+        "git_commit": "0123abc",
+        "threads": 2,
+        "cpu": "AMD EPYC",
+        "cores": 2,
+        "quick": False,
+        "seconds": 600.0,
+        "jobs": [],
+        "raw": {"gemm.py": GEMM},
+        "cases": [],  # drawn again from raw
+    }
+    saved.write_text(json.dumps(doc))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert suite.main(["--render", str(saved), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "| fwd X@W nearest, hidden 128 | 10.0 | 30.0 | 3.00x |" in text
+    assert "- commit: 0123abc" in text and "old tables" not in text
+    saved.write_text(json.dumps({**doc, "git_commit": "0123abc+dirty"}))
+    assert suite.main(["--render", str(saved), "--readme", str(readme)]) == 2
+    assert readme.read_text() == text
+
+
+def test_adaqp_accuracy_bars_are_in_the_table(suite: Any) -> None:
+    raw = {
+        **ADAQP,
+        "bars": [
+            *ADAQP["bars"],
+            {
+                "model": "gcn",
+                "bar": "adaptive vs 32-bit, accuracy points",
+                "value": 0.32,
+                "pass": False,
+            },
+        ],
+    }
+    sent = _find(suite.cases_adaqp(raw), "adaqp", "GCN", "32-bit messages", "bytes")
+    assert {"bar": "adaptive within 0.3 point of 32-bit (0.32 points)", "pass": False} in sent[
+        "more_bars"
+    ]
+    row = suite.render_table([sent]).splitlines()[-1]
+    assert row.endswith(
+        "bar: adaptive within 0.3 point of 32-bit (0.32 points): FAIL; "
+        "bar: adaptive sends <= 1/5 of 32-bit's bytes: PASS |"
+    )
