@@ -15,6 +15,7 @@ from qtrain.errors import DatasetError
 
 FEAT, LABEL = "feat", "label"
 TRAIN_MASK, VAL_MASK, TEST_MASK = "train_mask", "val_mask", "test_mask"
+NTYPE, ETYPE = "ntype", "etype"  # a relational graph's node / edge type ids (int64)
 
 
 def data_dir() -> Path:
@@ -31,6 +32,51 @@ def memory_budget() -> int:
         return 8 << 30
 
 
+@dataclass(frozen=True)
+class Relations:
+    """The node and edge types of a relational (heterogeneous) graph.
+
+    The graph itself stays one homogeneous DGL graph, whose ``ndata["ntype"]`` and
+    ``edata["etype"]`` index ``ntypes`` and ``etypes``, with its edges grouped by edge
+    type (sorted by ``etype``) and its nodes by node type (sorted by ``ntype``): the
+    form DGL's ``RelGraphConv``, ``HGTConv`` and
+    ``TypedLinear`` take, that typed kernels cut into one segment per relation, and that
+    every homogeneous model can still train on. Labels and the train / val / test masks
+    belong to the ``target`` node type only.
+    """
+
+    ntypes: tuple[str, ...]
+    etypes: tuple[tuple[str, str, str], ...]  # canonical: (source type, relation, destination type)
+    target: str
+
+    @property
+    def num_ntypes(self) -> int:
+        return len(self.ntypes)
+
+    @property
+    def num_etypes(self) -> int:
+        return len(self.etypes)
+
+    @property
+    def target_id(self) -> int:
+        return self.ntypes.index(self.target)
+
+    def problem(self) -> str | None:
+        """What makes the type names inconsistent, or None."""
+        if not self.ntypes or not self.etypes:
+            return "a relational graph needs at least one node type and one edge type"
+        if len(set(self.ntypes)) != len(self.ntypes):
+            return f"node types repeat: {list(self.ntypes)}"
+        if len(set(self.etypes)) != len(self.etypes):
+            return "canonical edge types repeat"
+        for src, rel, dst in self.etypes:
+            if src not in self.ntypes or dst not in self.ntypes:
+                return f"edge type ({src!r}, {rel!r}, {dst!r}) names a node type not in {list(self.ntypes)}"
+        if self.target not in self.ntypes:
+            return f"the target node type {self.target!r} is not one of {list(self.ntypes)}"
+        return None
+
+
 @dataclass
 class NodeDataset:
     """A node-classification task on one graph.
@@ -45,6 +91,7 @@ class NodeDataset:
     num_classes: int
     metric: Literal["accuracy", "micro_f1"] = "accuracy"
     info: dict[str, Any] | None = None  # provenance for the run log (files, seed, sizes)
+    relations: Relations | None = None  # node / edge types, for relational graphs
 
     @property
     def multilabel(self) -> bool:
@@ -99,13 +146,71 @@ class NodeDataset:
                 raise DatasetError(
                     f"{where}: {key} must be bool [{n}], got {mask.dtype} {list(mask.shape)}"
                 )
+        if self.relations is not None:
+            self._validate_relations(where)
+            on_target = g.ndata[NTYPE] == self.relations.target_id
+        else:
+            on_target = None
         if not self.multilabel and n:
-            low, high = int(label.min()), int(label.max())
-            if low < 0 or high >= self.num_classes:
-                raise DatasetError(
-                    f"{where}: labels span {low}..{high}, outside 0..{self.num_classes - 1}"
-                )
+            labelled = label if on_target is None else label[on_target]
+            if len(labelled):
+                low, high = int(labelled.min()), int(labelled.max())
+                if low < 0 or high >= self.num_classes:
+                    raise DatasetError(
+                        f"{where}: labels span {low}..{high}, outside 0..{self.num_classes - 1}"
+                    )
         return self
+
+    def _validate_relations(self, where: str) -> None:
+        """The type ids of a relational graph: in range, edges grouped by type, each edge's
+        ends of the node types its edge type names, the task on the target type only."""
+        import torch
+
+        rel, g = self.relations, self.graph
+        assert rel is not None
+        problem = rel.problem()
+        if problem is not None:
+            raise DatasetError(f"{where}: {problem}")
+        n, m = int(g.num_nodes()), int(g.num_edges())
+        for key, data, count, size in (
+            (NTYPE, g.ndata, rel.num_ntypes, n),
+            (ETYPE, g.edata, rel.num_etypes, m),
+        ):
+            ids = data.get(key) if key in data else None
+            if ids is None or ids.dtype != torch.int64 or ids.shape != (size,):
+                got = "nothing" if ids is None else f"{ids.dtype} {list(ids.shape)}"
+                raise DatasetError(f"{where}: {key} must be int64 [{size}], got {got}")
+            if size and (int(ids.min()) < 0 or int(ids.max()) >= count):
+                raise DatasetError(
+                    f"{where}: {key} ids span {int(ids.min())}..{int(ids.max())}, "
+                    f"outside 0..{count - 1}"
+                )
+        ntype, etype = g.ndata[NTYPE], g.edata[ETYPE]
+        if m and not bool((etype[1:] >= etype[:-1]).all()):
+            raise DatasetError(f"{where}: the edges must be grouped by edge type (sorted by etype)")
+        if n and not bool((ntype[1:] >= ntype[:-1]).all()):
+            raise DatasetError(f"{where}: the nodes must be grouped by node type (sorted by ntype)")
+        if m:
+            src, dst = g.edges()
+            ends = torch.tensor(
+                [[rel.ntypes.index(s), rel.ntypes.index(d)] for s, _, d in rel.etypes],
+                dtype=torch.int64,
+            )
+            wrong = (ntype[src.long()] != ends[etype, 0]) | (ntype[dst.long()] != ends[etype, 1])
+            if bool(wrong.any()):
+                e = int(wrong.nonzero()[0])
+                s, r, d = rel.etypes[int(etype[e])]
+                raise DatasetError(
+                    f"{where}: edge {e} has type ({s!r}, {r!r}, {d!r}) but joins a "
+                    f"{rel.ntypes[int(ntype[src[e]])]!r} node to a "
+                    f"{rel.ntypes[int(ntype[dst[e]])]!r} node"
+                )
+        off_target = ntype != rel.target_id
+        for key in (TRAIN_MASK, VAL_MASK, TEST_MASK):
+            if bool((g.ndata[key] & off_target).any()):
+                raise DatasetError(
+                    f"{where}: {key} selects nodes outside the target type {rel.target!r}"
+                )
 
 
 def index_mask(num_nodes: int, index: Any, what: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from qtrain.data.base import NodeDataset
 from qtrain.registry import Registry
 
-BUILTIN_LOADERS = ("dglfile", "ogb", "planetoid", "synthetic")
+BUILTIN_LOADERS = ("dglfile", "hetero", "ogb", "planetoid", "synthetic")
 
 
 def _load_builtin() -> None:

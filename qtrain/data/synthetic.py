@@ -47,12 +47,12 @@ from qtrain.errors import DatasetError
 # folders are keyed by it, so old caches are simply not found any more.
 GENERATOR_VERSION = 1
 
-_EDGE_CHUNK = (
+EDGE_CHUNK = (
     1 << 22
 )  # edges drawn per chunk: bounds temporary memory, fixed so results never depend on it
-_FEAT_CHUNK = 1 << 16  # feature rows drawn per chunk
+FEAT_CHUNK = 1 << 16  # feature rows drawn per chunk
 _WEIGHT_SCALE = 256  # degree weights are integers in units of 1/256
-_MAX_ROUNDS = 40
+MAX_ROUNDS = 40
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 # --------------------------------------------------------------------------- generation
 
 
-def _node_weights(rng: np.random.Generator, opts: SyntheticOptions) -> np.ndarray:
+def node_weights(
+    rng: np.random.Generator, nodes: int, avg_degree: float, exponent: float
+) -> np.ndarray:
     """Integer Chung-Lu weights (units of 1/256) with a power-law tail, capped at the cutoff.
 
     Pareto(x_m = 1, shape gamma - 1) has density ~ x^-gamma. Expected degree
@@ -195,15 +197,15 @@ def _node_weights(rng: np.random.Generator, opts: SyntheticOptions) -> np.ndarra
     sqrt(nodes / avg_degree) x mean caps expected degree near
     sqrt(nodes * avg_degree), where Chung-Lu edge probabilities reach 1.
     """
-    shape = opts.power_law_exponent - 1.0
-    raw = (1.0 - rng.random(opts.nodes)) ** (-1.0 / shape)
-    ratio = math.sqrt(opts.nodes / max(opts.avg_degree, 1.0))
+    shape = exponent - 1.0
+    raw = (1.0 - rng.random(nodes)) ** (-1.0 / shape)
+    ratio = math.sqrt(nodes / max(avg_degree, 1.0))
     mean = shape / (shape - 1.0) * _WEIGHT_SCALE  # Pareto mean, refined below
     weights = np.floor(np.minimum(raw, 1e9) * _WEIGHT_SCALE).astype(np.int64)
     for _ in range(2):  # the cap lowers the mean, which moves the cap: two passes suffice
         cap = max(_WEIGHT_SCALE, int(ratio * mean))
         weights = np.minimum(weights, cap)
-        mean = int(weights.sum()) / opts.nodes
+        mean = int(weights.sum()) / nodes
     return weights
 
 
@@ -225,8 +227,8 @@ class _EdgeSampler:
     def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
         """``count`` edge keys (self-loops come back as -1), in fixed-size chunks."""
         keys = np.empty(count, dtype=np.int64)
-        for start in range(0, count, _EDGE_CHUNK):
-            keys[start : start + _EDGE_CHUNK] = self._chunk(rng, min(_EDGE_CHUNK, count - start))
+        for start in range(0, count, EDGE_CHUNK):
+            keys[start : start + EDGE_CHUNK] = self._chunk(rng, min(EDGE_CHUNK, count - start))
         return keys
 
     def _chunk(self, rng: np.random.Generator, k: int) -> np.ndarray:
@@ -254,7 +256,7 @@ class _EdgeSampler:
         return key
 
 
-def _unique_sorted(keys: np.ndarray) -> np.ndarray:
+def unique_sorted(keys: np.ndarray) -> np.ndarray:
     """Sorted distinct non-negative keys (sorts ``keys`` in place to save a copy)."""
     keys.sort()
     keys = keys[np.searchsorted(keys, 0) :]
@@ -270,15 +272,15 @@ def _edges(rng: np.random.Generator, sampler: _EdgeSampler, target: int, name: s
     """Exactly ``target`` distinct undirected edge keys: draw, dedupe, top up, trim."""
     if target == 0:
         return np.empty(0, dtype=np.int64)
-    keys = _unique_sorted(sampler.draw(rng, target))
+    keys = unique_sorted(sampler.draw(rng, target))
     drawn = target
-    for _ in range(_MAX_ROUNDS):
+    for _ in range(MAX_ROUNDS):
         if len(keys) >= target:
             break
         need = target - len(keys)
         yield_rate = max(len(keys) / drawn, 0.02)
         count = int(need / yield_rate * 1.1) + 64
-        new = _unique_sorted(sampler.draw(rng, count))
+        new = unique_sorted(sampler.draw(rng, count))
         drawn += count
         pos = np.minimum(np.searchsorted(keys, new), max(len(keys) - 1, 0))
         new = new[keys[pos] != new] if len(keys) else new
@@ -305,7 +307,7 @@ def generate(opts: SyntheticOptions, name: str = "synthetic") -> dict[str, np.nd
     node_seq, edge_seq, feat_seq, split_seq = np.random.SeedSequence(opts.seed).spawn(4)
     rng = np.random.default_rng(node_seq)
     labels = rng.integers(0, opts.classes, size=n, dtype=np.int64)
-    weights = _node_weights(rng, opts)
+    weights = node_weights(rng, n, opts.avg_degree, opts.power_law_exponent)
 
     sampler = _EdgeSampler(labels, weights, opts.classes, opts.homophily)
     keys = _edges(np.random.default_rng(edge_seq), sampler, opts.undirected_edges, name)
@@ -318,8 +320,8 @@ def generate(opts: SyntheticOptions, name: str = "synthetic") -> dict[str, np.nd
     centroids = rng.standard_normal((opts.classes, opts.features))
     centroids = (centroids * (opts.feature_signal / math.sqrt(opts.features))).astype(np.float32)
     feat = np.empty((n, opts.features), dtype=np.float32)
-    for start in range(0, n, _FEAT_CHUNK):
-        stop = min(start + _FEAT_CHUNK, n)
+    for start in range(0, n, FEAT_CHUNK):
+        stop = min(start + FEAT_CHUNK, n)
         rng.standard_normal(out=feat[start:stop], dtype=np.float32)
         feat[start:stop] += centroids[labels[start:stop]]
 
@@ -396,6 +398,12 @@ def _read_cache(folder: Path, opts: SyntheticOptions) -> dict[str, np.ndarray] |
         message = f"the dataset cache {folder} is unusable ({problem})"
     except DatasetError as exc:
         message = str(exc)
+    discard_cache(folder, message)
+    return None
+
+
+def discard_cache(folder: Path, message: str) -> None:
+    """Delete an unusable cache folder, with a one-line warning saying why and what next."""
     action = "deleted it; generating the dataset again"
     try:
         if folder.is_dir() and not folder.is_symlink():
@@ -406,8 +414,7 @@ def _read_cache(folder: Path, opts: SyntheticOptions) -> dict[str, np.ndarray] |
         pass
     except OSError as exc:
         action = f"could not delete it ({exc}); generating the dataset without the cache"
-    warnings.warn(f"{message}; {action}", stacklevel=3)
-    return None
+    warnings.warn(f"{message}; {action}", stacklevel=4)
 
 
 def _cache_problem(
@@ -437,9 +444,9 @@ def _cache_problem(
     for key, (shape, dtype) in expected.items():
         if arrays[key].shape != shape or arrays[key].dtype != dtype:
             return f"{key} is {arrays[key].dtype} {list(arrays[key].shape)}, expected {dtype} {list(shape)}"
-    for start in range(0, m, _EDGE_CHUNK):  # in chunks, overlapping by one: bounded memory
-        u = arrays["edge_u"][start : start + _EDGE_CHUNK + 1].astype(np.int64)
-        v = arrays["edge_v"][start : start + _EDGE_CHUNK + 1].astype(np.int64)
+    for start in range(0, m, EDGE_CHUNK):  # in chunks, overlapping by one: bounded memory
+        u = arrays["edge_u"][start : start + EDGE_CHUNK + 1].astype(np.int64)
+        v = arrays["edge_v"][start : start + EDGE_CHUNK + 1].astype(np.int64)
         if u.min() < 0 or v.max() >= n or not bool(np.all(u < v)):
             return f"an edge is not a pair u < v of node ids in 0..{n - 1}"
         if not bool(np.all(np.diff(u * n + v) > 0)):
@@ -447,8 +454,8 @@ def _cache_problem(
     label = arrays[LABEL]
     if label.min() < 0 or label.max() >= opts.classes:
         return f"a label is outside 0..{opts.classes - 1}"
-    for start in range(0, n, _FEAT_CHUNK):
-        if not bool(np.isfinite(arrays[FEAT][start : start + _FEAT_CHUNK]).all()):
+    for start in range(0, n, FEAT_CHUNK):
+        if not bool(np.isfinite(arrays[FEAT][start : start + FEAT_CHUNK]).all()):
             return "a feature is NaN or infinite"
     train, val, test = (arrays[k] for k in (TRAIN_MASK, VAL_MASK, TEST_MASK))
     sizes = (int(train.sum()), int(val.sum()))

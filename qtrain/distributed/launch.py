@@ -242,6 +242,12 @@ def check_launchable(recipe: Recipe) -> None:
             f"model {recipe.model.name!r} does not run on blocks, so it cannot train "
             "distributed; use gcn, sage or gat"
         )
+    if getattr(entry.factory, "needs_relations", False):
+        raise RecipeError(
+            f"model {recipe.model.name!r} is relational, and distributed training runs "
+            "homogeneous models only (its workers' blocks carry no edge types); use gcn, "
+            "sage or gat, or train it in one process"
+        )
     backend, device = recipe.distributed.backend, recipe.train.device
     if backend == "gloo" and device not in ("cpu", "auto"):
         raise RecipeError(

@@ -37,6 +37,24 @@ _BUILTIN = {
     ),
     "gat": ("gat", "GAT", "GATOptions", "GAT: multi-head GATConv layers, heads concatenated"),
     "gcnii": ("gcnii", "GCNII", "GCNIIOptions", "GCNII: deep GCN2Conv stack (full-graph only)"),
+    "rgcn": (
+        "rgcn",
+        "RGCN",
+        "RGCNOptions",
+        "RGCN: RelGraphConv layers, a weight per relation (relational datasets)",
+    ),
+    "rgat": (
+        "rgat",
+        "RGAT",
+        "RGATOptions",
+        "RGAT: per-relation messages and attention, as Hector evaluates it (relational datasets)",
+    ),
+    "hgt": (
+        "hgt",
+        "HGT",
+        "HGTOptions",
+        "HGT: HGTConv layers, typed by node and edge type (relational datasets)",
+    ),
 }
 
 
@@ -76,8 +94,18 @@ MODELS: Registry[ModelFactory] = Registry("model", loader=_load, resolve=_resolv
 
 
 def build_model(section: Any, dataset: Any) -> GNNModel:
-    """The model a recipe's ``[model]`` section names, sized for ``dataset``."""
+    """The model a recipe's ``[model]`` section names, sized for ``dataset`` (and built for
+    its node and edge types, when the model is relational)."""
     entry = MODELS.get(section.name)
+    if getattr(entry.factory, "needs_relations", False):
+        if dataset.relations is None:
+            raise RecipeError(
+                f"model {section.name!r} is relational: it needs a dataset with node and edge "
+                f"types (such as synthetic-hetero-small), and {dataset.name!r} has one of each"
+            )
+        return entry.factory(
+            dataset.num_features, dataset.num_classes, section.options, dataset.relations
+        )
     return entry.factory(dataset.num_features, dataset.num_classes, section.options)
 
 
