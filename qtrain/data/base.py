@@ -213,6 +213,39 @@ class NodeDataset:
                 )
 
 
+def typed_graph(hetero: Any, target: str) -> tuple[Any, Relations]:
+    """A DGL heterograph's structure in the ``Relations`` form: one homogeneous graph, the
+    nodes grouped by type in the heterograph's type order (type t's node i is node
+    ``offset[t] + i``), the edges by relation, with ``ntype`` / ``etype`` ids. Node data is
+    left to the caller (features, labels and masks differ by loader)."""
+    import torch
+
+    from qtrain._compat import import_dgl
+
+    ntypes = list(hetero.ntypes)
+    sizes = [int(hetero.num_nodes(t)) for t in ntypes]
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    canonical = [tuple(c) for c in hetero.canonical_etypes]
+    srcs, dsts, etypes = [], [], []
+    for r, (s, rel, d) in enumerate(canonical):
+        u, v = hetero.edges(etype=(s, rel, d))
+        srcs.append(u.long() + offsets[ntypes.index(s)])
+        dsts.append(v.long() + offsets[ntypes.index(d)])
+        etypes.append(torch.full((len(u),), r, dtype=torch.int64))
+    empty = torch.zeros(0, dtype=torch.int64)
+    graph = import_dgl().graph(
+        (torch.cat(srcs) if srcs else empty, torch.cat(dsts) if dsts else empty),
+        num_nodes=offsets[-1],
+    )
+    graph.ndata[NTYPE] = torch.repeat_interleave(
+        torch.arange(len(ntypes), dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64)
+    )
+    graph.edata[ETYPE] = torch.cat(etypes) if etypes else empty
+    return graph, Relations(tuple(ntypes), tuple(canonical), target)  # type: ignore[arg-type]
+
+
 def index_mask(num_nodes: int, index: Any, what: str) -> Any:
     """A boolean mask of ``num_nodes`` with ``index`` set: splits come as index lists.
 

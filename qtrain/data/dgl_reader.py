@@ -33,8 +33,9 @@ _MEMORY_PER_FILE_BYTE = 8
 _MEMORY_SLACK = 2 << 30
 
 
-def read_graph_file(path: Path, index: int, where: str) -> Any:
-    """Homogeneous DGL graph ``index`` of ``path``, with its node and edge data.
+def read_graph_file(path: Path, index: int, where: str, *, heterogeneous: bool = False) -> Any:
+    """DGL graph ``index`` of ``path``, with its node and edge data: a homogeneous graph, or
+    with ``heterogeneous`` a heterograph's node types, relations and node data too.
 
     ``where`` (naming the file) starts every error message. Raises
     DatasetError for anything the child could not read, a crash of the child,
@@ -47,6 +48,8 @@ def read_graph_file(path: Path, index: int, where: str) -> Any:
         "DGL's reader",
         "write the file again with dgl.save_graphs",
     )
+    if heterogeneous and (contents["ntypes"] != 1 or contents["etypes"] != 1):
+        return build_heterograph(contents, where)
     return build_graph(contents, where)
 
 
@@ -131,6 +134,45 @@ def build_graph(contents: dict[str, Any], where: str) -> Any:
     return g
 
 
+def build_heterograph(contents: dict[str, Any], where: str) -> Any:
+    """A heterograph from the child's tensors: every relation's ids checked against its
+    node types' sizes, every node-data field's rows against its type's, first."""
+    import torch
+
+    from qtrain._compat import import_dgl
+
+    names, sizes = list(contents["ntype_names"]), [int(x) for x in contents["type_sizes"]]
+    if len(names) != len(sizes) or any(n < 0 for n in sizes):
+        raise DatasetError(f"{where} is corrupt: its node types and their sizes disagree")
+    size = dict(zip(names, sizes, strict=True))
+    relations = {}
+    for (s, r, d), (src, dst) in zip(
+        contents["canonical_etypes"], contents["type_edges"], strict=True
+    ):
+        if s not in size or d not in size or src.shape != dst.shape or src.dim() != 1:
+            raise DatasetError(f"{where} is corrupt: relation {r!r} does not match its types")
+        for ids, t in ((src, s), (dst, d)):
+            if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= size[t]):
+                bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+                raise DatasetError(
+                    f"{where} is corrupt: relation {r!r} names {t!r} node {bad}, outside "
+                    f"0..{size[t] - 1}"
+                )
+        relations[(s, r, d)] = (src, dst)
+    for t, data in contents["type_ndata"].items():
+        for key, value in data.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != size[t]:
+                raise DatasetError(
+                    f"{where} is corrupt: node-data field {key!r} of type {t!r} has "
+                    f"{getattr(value, 'shape', 'no')} rows for {size[t]} nodes"
+                )
+    dgl = import_dgl()
+    g = dgl.heterograph(relations, num_nodes_dict=size)
+    for t, data in contents["type_ndata"].items():
+        g.nodes[t].data.update(data)
+    return g
+
+
 def limit_memory(path: str) -> None:
     """Cap the child's address space at what it has now plus what the file can justify."""
     import resource
@@ -170,6 +212,7 @@ def _read_and_save(path: str, index: int, out: str) -> str | None:
     g = graphs[index]
     homogeneous = len(g.ntypes) == 1 and len(g.canonical_etypes) == 1
     src, dst = g.edges() if homogeneous else (torch.zeros(0), torch.zeros(0))
+    edges = [] if homogeneous else [g.edges(etype=c) for c in g.canonical_etypes]
     torch.save(
         {
             "ntypes": len(g.ntypes),
@@ -180,6 +223,11 @@ def _read_and_save(path: str, index: int, out: str) -> str | None:
             "dst": dst.to(torch.int64),
             "ndata": dict(g.ndata) if homogeneous else {},
             "edata": dict(g.edata) if homogeneous else {},
+            # a heterograph: its types, their sizes, each relation's edges, each type's data
+            "type_sizes": [int(g.num_nodes(t)) for t in g.ntypes],
+            "canonical_etypes": [tuple(c) for c in g.canonical_etypes],
+            "type_edges": [(u.to(torch.int64), v.to(torch.int64)) for u, v in edges],
+            "type_ndata": {} if homogeneous else {t: dict(g.nodes[t].data) for t in g.ntypes},
         },
         out,
     )

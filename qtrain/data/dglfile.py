@@ -12,16 +12,32 @@ shape. Accepted:
   (a common "unlabelled" marker) are allowed only outside the three masks and
   become 0, as a trainer may one-hot every label;
 * masks: bool, or numbers that are all 0 or 1, of shape [N].
+
+A heterograph (several node or edge types) becomes a relational dataset
+(``qtrain.data.base.Relations``): ``target`` names the node type whose labels
+and masks are read; every node type's ``feat`` field must have the same width,
+and a type without one gets zero features (named in ``info`` and in a warning);
+nodes are grouped by type and edges by relation, in the file's type order.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qtrain.config import option
-from qtrain.data.base import FEAT, LABEL, TEST_MASK, TRAIN_MASK, VAL_MASK, NodeDataset
+from qtrain.data.base import (
+    FEAT,
+    LABEL,
+    TEST_MASK,
+    TRAIN_MASK,
+    VAL_MASK,
+    NodeDataset,
+    typed_graph,
+)
 from qtrain.data.dgl_reader import read_graph_file
 from qtrain.data.registry import DATASETS
 from qtrain.errors import DatasetError
@@ -49,9 +65,14 @@ class DglFileOptions:
         min=0,
         max=1_000_000,
     )
+    target: str = option(
+        "",
+        "for a file holding a heterograph: the node type to classify (its labels and masks "
+        "are read); leave empty for a homogeneous graph",
+    )
 
 
-def _read_graph(path: Path, index: int) -> Any:
+def _read_graph(path: Path, index: int, heterogeneous: bool) -> Any:
     """Graph ``index`` of the DGL file at ``path``; DatasetError for anything but a good file."""
     if not path.exists():
         raise DatasetError(
@@ -70,17 +91,17 @@ def _read_graph(path: Path, index: int) -> Any:
             f"dataset 'dgl-file': {path} is not a DGL graph file (it does not start with DGL's "
             "marker); write it with dgl.save_graphs"
         )
-    return read_graph_file(path, index, f"dataset 'dgl-file': {path}")
+    return read_graph_file(path, index, f"dataset 'dgl-file': {path}", heterogeneous=heterogeneous)
 
 
-def _field(g: Any, key: str, role: str, path: Path) -> Any:
-    if key not in g.ndata:
-        present = ", ".join(sorted(g.ndata.keys())) or "none"
+def _field(data: Mapping[str, Any], key: str, role: str, path: Path, of: str = "") -> Any:
+    if key not in data:
+        present = ", ".join(sorted(data.keys())) or "none"
         raise DatasetError(
-            f"dataset 'dgl-file': {path} has no node-data field {key!r} (the {role}); fields "
-            f"present: {present}; set [dataset] {role} to one of them"
+            f"dataset 'dgl-file': {path} has no node-data field {key!r}{of} (the {role}); "
+            f"fields present: {present}; set [dataset] {role} to one of them"
         )
-    return g.ndata[key]
+    return data[key]
 
 
 def _shape(tensor: Any) -> str:
@@ -144,73 +165,170 @@ def _labels(
     return label, num_classes, "accuracy"
 
 
-def load_dgl_file(opts: DglFileOptions) -> NodeDataset:
-    """Read graph ``opts.graph_index`` of ``opts.path`` and check its fields against the contract."""
-    import torch
-
-    path = Path(opts.path).expanduser()
-    g = _read_graph(path, opts.graph_index)
-    where = f"dataset 'dgl-file': {path}"
-    n = g.num_nodes()
-
-    feat = _field(g, opts.feat, "feat", path)
+def _features(feat: Any, n: int, field: str, where: str, of: str = "") -> Any:
     if feat.dim() != 2 or feat.shape[0] != n or feat.is_complex():
         raise DatasetError(
-            f"{where}: feature field {opts.feat!r} is {_shape(feat)}; "
+            f"{where}: feature field {field!r}{of} is {_shape(feat)}; "
             f"expected a numeric [{n}, F] tensor"
         )
-    feat = feat.float()
+    return feat.float()
 
+
+def _task(
+    data: Mapping[str, Any], n: int, opts: DglFileOptions, path: Path, of: str = ""
+) -> tuple[dict[str, Any], Any, int, str, dict[str, Any]]:
+    """The masks, labels, class count and metric from one node type's data (``of`` names
+    the type in errors), and what ``info`` should record of them."""
+    import torch
+
+    where = f"dataset 'dgl-file': {path}"
     masks = {}
     for key, field in (
         (TRAIN_MASK, opts.train_mask),
         (VAL_MASK, opts.val_mask),
         (TEST_MASK, opts.test_mask),
     ):
-        mask = _field(g, field, key, path)
+        mask = _field(data, field, key, path, of)
         if mask.shape != (n,):
             raise DatasetError(
-                f"{where}: mask field {field!r} is {_shape(mask)}; expected [{n}] of bool or 0/1"
+                f"{where}: mask field {field!r}{of} is {_shape(mask)}; expected [{n}] of bool or 0/1"
             )
         if mask.dtype != torch.bool:
             if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
                 raise DatasetError(
-                    f"{where}: mask field {field!r} ({_shape(mask)}) "
+                    f"{where}: mask field {field!r}{of} ({_shape(mask)}) "
                     "holds values other than 0 and 1"
                 )
             mask = mask != 0
         masks[key] = mask
     labelled = masks[TRAIN_MASK] | masks[VAL_MASK] | masks[TEST_MASK]
-
-    raw = _field(g, opts.label, "label", path)
-    info: dict[str, Any] = {
-        "source": "dgl-file",
-        "path": str(path),
-        "graph_index": opts.graph_index,
-    }
+    raw = _field(data, opts.label, "label", path, of)
+    info: dict[str, Any] = {}
     label, num_classes, metric = _labels(raw, labelled, opts, where, info)
+    return masks, label, num_classes, metric, info
 
+
+def _fields(opts: DglFileOptions) -> dict[str, str]:
+    return {
+        "feat": opts.feat,
+        "label": opts.label,
+        "train_mask": opts.train_mask,
+        "val_mask": opts.val_mask,
+        "test_mask": opts.test_mask,
+    }
+
+
+def load_dgl_file(opts: DglFileOptions) -> NodeDataset:
+    """Read graph ``opts.graph_index`` of ``opts.path`` and check its fields against the contract."""
+    path = Path(opts.path).expanduser()
+    g = _read_graph(path, opts.graph_index, heterogeneous=True)
+    where = f"dataset 'dgl-file': {path}"
+    if len(g.ntypes) > 1 or len(g.canonical_etypes) > 1:
+        return _relational(g, opts, path)
+    if opts.target:
+        raise DatasetError(
+            f"{where}: target = {opts.target!r} names a node type, but the graph is "
+            "homogeneous; leave target empty"
+        )
+    n = g.num_nodes()
+    feat = _features(_field(g.ndata, opts.feat, "feat", path), n, opts.feat, where)
+    masks, label, num_classes, metric, task_info = _task(g.ndata, n, opts, path)
     g.ndata[FEAT] = feat
     g.ndata[LABEL] = label
     for key, mask in masks.items():
         g.ndata[key] = mask
-    info.update(
-        nodes=n,
-        edges=int(g.num_edges()),
-        fields={
-            "feat": opts.feat,
-            "label": opts.label,
-            "train_mask": opts.train_mask,
-            "val_mask": opts.val_mask,
-            "test_mask": opts.test_mask,
-        },
-    )
+    info: dict[str, Any] = {
+        "source": "dgl-file",
+        "path": str(path),
+        "graph_index": opts.graph_index,
+        **task_info,
+        "nodes": n,
+        "edges": int(g.num_edges()),
+        "fields": _fields(opts),
+    }
     return NodeDataset("dgl-file", g, num_classes, metric, info).validate()  # type: ignore[arg-type]
+
+
+def _relational(hetero: Any, opts: DglFileOptions, path: Path) -> NodeDataset:
+    """A heterograph as one homogeneous graph with type ids (the Relations contract)."""
+    import torch
+
+    where = f"dataset 'dgl-file': {path}"
+    ntypes = list(hetero.ntypes)
+    if opts.target not in ntypes:
+        said = f"target = {opts.target!r} is not one of them" if opts.target else "set target"
+        raise DatasetError(
+            f"{where} holds a heterograph with node types {ntypes}; {said} (the node type "
+            "to classify)"
+        )
+    sizes = [int(hetero.num_nodes(t)) for t in ntypes]
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    n = offsets[-1]
+    feats, featureless = {}, []
+    for t, size in zip(ntypes, sizes, strict=True):
+        data = hetero.nodes[t].data
+        if opts.feat in data:
+            feats[t] = _features(data[opts.feat], size, opts.feat, where, f" of type {t!r}")
+        else:
+            featureless.append(t)
+    widths = {int(f.shape[1]) for f in feats.values()}
+    if not widths:
+        raise DatasetError(
+            f"{where}: no node type has the feature field {opts.feat!r}; set [dataset] feat"
+        )
+    if len(widths) > 1:
+        raise DatasetError(
+            f"{where}: the node types' {opts.feat!r} fields have different widths "
+            f"({ {t: int(f.shape[1]) for t, f in feats.items()} }); they must agree"
+        )
+    width = widths.pop()
+    if featureless:
+        warnings.warn(
+            f"{where}: node types {featureless} have no {opts.feat!r} field; their features "
+            "are zeros",
+            stacklevel=3,
+        )
+    target = ntypes.index(opts.target)
+    masks, label, num_classes, metric, task_info = _task(
+        hetero.nodes[opts.target].data, sizes[target], opts, path, f" of type {opts.target!r}"
+    )
+    if metric != "accuracy":
+        raise DatasetError(
+            f"{where}: multi-label targets on a heterograph are not supported; give the "
+            f"{opts.target!r} nodes integer class labels"
+        )
+    g, relations = typed_graph(hetero, opts.target)
+    lo, hi = offsets[target], offsets[target + 1]
+    feat = torch.zeros(n, width)
+    for t, f in feats.items():
+        i = ntypes.index(t)
+        feat[offsets[i] : offsets[i + 1]] = f
+    g.ndata[FEAT] = feat
+    g.ndata[LABEL] = torch.zeros(n, dtype=torch.int64)
+    g.ndata[LABEL][lo:hi] = label
+    for key, mask in masks.items():
+        g.ndata[key] = torch.zeros(n, dtype=torch.bool)
+        g.ndata[key][lo:hi] = mask
+    info: dict[str, Any] = {
+        "source": "dgl-file",
+        "path": str(path),
+        "graph_index": opts.graph_index,
+        **task_info,
+        "nodes": n,
+        "edges": int(g.num_edges()),
+        "nodes_per_type": dict(zip(ntypes, sizes, strict=True)),
+        "featureless_ntypes": featureless,
+        "fields": _fields(opts),
+    }
+    return NodeDataset("dgl-file", g, num_classes, metric, info, relations).validate()
 
 
 DATASETS.add(
     "dgl-file",
     load_dgl_file,
     options=DglFileOptions,
-    summary="your own graph from a dgl.save_graphs file, with the node-data fields you name",
+    summary="your own graph from a dgl.save_graphs file, with the node-data fields you name "
+    "(a heterograph: a relational dataset classifying its target node type)",
 )

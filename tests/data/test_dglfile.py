@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,94 @@ def test_a_stray_huge_label_is_refused_not_built_into_the_output_layer(tmp_path:
     assert f"goes up to {10**9}, but the graph has {N} nodes" in message
 
 
-def test_heterograph_is_refused(tmp_path: Path) -> None:
-    g = dgl.heterograph({("a", "r", "b"): ([0, 1], [1, 0])})
+def make_heterograph(**paper: torch.Tensor) -> Any:
+    """Papers (the target: features, labels, masks), authors (features), venues (none)."""
+    g = dgl.heterograph(
+        {
+            ("author", "writes", "paper"): ([0, 1, 2, 2], [0, 1, 2, 3]),
+            ("paper", "cites", "paper"): ([1, 2, 3], [0, 0, 1]),
+            ("venue", "hosts", "paper"): ([0, 0, 1], [0, 2, 3]),
+        },
+        num_nodes_dict={"author": 3, "paper": 4, "venue": 2},
+    )
+    torch.manual_seed(0)
+    g.nodes["paper"].data["feat"] = torch.randn(4, 5)
+    g.nodes["author"].data["feat"] = torch.randn(3, 5)
+    g.nodes["paper"].data["label"] = torch.tensor([0, 1, 1, 0])
+    g.nodes["paper"].data["train_mask"] = torch.tensor([True, True, False, False])
+    g.nodes["paper"].data["val_mask"] = torch.tensor([False, False, True, False])
+    g.nodes["paper"].data["test_mask"] = torch.tensor([False, False, False, True])
+    for key, value in paper.items():
+        g.nodes["paper"].data[key] = value
+    return g
+
+
+def test_a_heterograph_becomes_a_relational_dataset(tmp_path: Path) -> None:
+    hetero = make_heterograph()
+    path = save(tmp_path / "h.bin", hetero)
+    with pytest.warns(UserWarning, match=r"node types \['venue'\] have no 'feat' field"):
+        ds = load_dataset("dgl-file", {"path": path, "target": "paper"})
+    rel, g = ds.relations, ds.graph
+    assert rel.ntypes == ("author", "paper", "venue") and rel.target == "paper"
+    assert rel.etypes == tuple(hetero.canonical_etypes)
+    assert ds.num_classes == 2 and ds.info["featureless_ntypes"] == ["venue"]
+    assert ds.info["nodes_per_type"] == {"author": 3, "paper": 4, "venue": 2}
+    # nodes grouped by type in the file's order; every relation's edges at the offsets
+    assert g.ndata["ntype"].tolist() == [0, 0, 0, 1, 1, 1, 1, 2, 2]
+    src, dst = g.edges()
+    for r, c in enumerate(rel.etypes):
+        u, v = hetero.edges(etype=c)
+        off = {"author": 0, "paper": 3, "venue": 7}
+        mine = g.edata["etype"] == r
+        assert src[mine].tolist() == (u + off[c[0]]).tolist()
+        assert dst[mine].tolist() == (v + off[c[2]]).tolist()
+    torch.testing.assert_close(g.ndata["feat"][3:7], hetero.nodes["paper"].data["feat"])
+    torch.testing.assert_close(g.ndata["feat"][0:3], hetero.nodes["author"].data["feat"])
+    assert not g.ndata["feat"][7:].any()
+    assert g.ndata["label"][3:7].tolist() == [0, 1, 1, 0]
+    assert g.ndata["train_mask"].nonzero().flatten().tolist() == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ({}, r"node types \['author', 'paper', 'venue'\]; set target"),
+        ({"target": "venues"}, "target = 'venues' is not one of them"),
+        ({"target": "author"}, "has no node-data field 'train_mask' of type 'author'"),
+        ({"target": "paper", "feat": "x"}, "no node type has the feature field 'x'"),
+    ],
+)
+def test_heterograph_mistakes_are_one_line(tmp_path: Path, table: dict, says: str) -> None:
+    path = save(tmp_path / "h.bin", make_heterograph())
+    message = error(tmp_path, {"path": path, **table})
+    assert re.search(says, message), message
+
+
+def test_heterograph_feature_widths_must_agree(tmp_path: Path) -> None:
+    g = make_heterograph()
+    g.nodes["author"].data["feat"] = torch.randn(3, 7)
     path = save(tmp_path / "h.bin", g)
-    assert "heterogeneous" in error(tmp_path, {"path": path})
+    assert "different widths" in error(tmp_path, {"path": path, "target": "paper"})
+
+
+def test_target_on_a_homogeneous_graph_is_refused(tmp_path: Path) -> None:
+    path = save(tmp_path / "g.bin", make_graph())
+    assert "the graph is homogeneous" in error(tmp_path, {"path": path, "target": "paper"})
+
+
+def test_a_corrupt_heterograph_is_caught_before_dgl_builds_it() -> None:
+    from qtrain.data.dgl_reader import build_heterograph
+
+    contents = {
+        "ntype_names": ["a", "b"],
+        "type_sizes": [2, 3],
+        "canonical_etypes": [("a", "r", "b")],
+        "type_edges": [(torch.tensor([0, 1]), torch.tensor([2, 3]))],
+        "type_ndata": {},
+    }
+    with pytest.raises(DatasetError, match=r"relation 'r' names 'b' node 3, outside 0..2"):
+        build_heterograph(contents, "file")
+    contents["type_edges"] = [(torch.tensor([0, 1]), torch.tensor([2, 1]))]
+    contents["type_ndata"] = {"a": {"feat": torch.zeros(5, 2)}}
+    with pytest.raises(DatasetError, match=r"'feat' of type 'a' has .* rows for 2 nodes"):
+        build_heterograph(contents, "file")
