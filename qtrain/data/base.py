@@ -7,6 +7,7 @@ keys, so the trainer and the plugins never care where a graph came from.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -244,6 +245,68 @@ def typed_graph(hetero: Any, target: str) -> tuple[Any, Relations]:
     )
     graph.edata[ETYPE] = torch.cat(etypes) if etypes else empty
     return graph, Relations(tuple(ntypes), tuple(canonical), target)  # type: ignore[arg-type]
+
+
+def fill_typed_node_data(
+    graph: Any,
+    relations: Relations,
+    feats: Mapping[str, Any],
+    label: Any,
+    masks: Mapping[str, Any],
+    where: str,
+    field: str = FEAT,
+) -> list[str]:
+    """The node data of a ``typed_graph`` result, for loaders of relational datasets.
+
+    ``feats`` maps node types to their features ([that type's size, F], one F for all);
+    a type missing from it gets zero features, and the names of those types come back
+    (for the caller's ``info`` and warning). ``label`` and ``masks`` (keyed ``TRAIN_MASK``,
+    ``VAL_MASK``, ``TEST_MASK``) are the target type's, in its node order; elsewhere the
+    label is 0 and the masks are false. ``where`` starts every error, and ``field`` names
+    the features in them.
+    """
+    import torch
+
+    ntypes = list(relations.ntypes)
+    sizes = torch.bincount(graph.ndata[NTYPE], minlength=len(ntypes)).tolist()
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    for t, f in feats.items():
+        size = sizes[ntypes.index(t)] if t in ntypes else -1
+        if f.dim() != 2 or f.shape[0] != size or f.is_complex():
+            raise DatasetError(
+                f"{where}: the {field!r} features of node type {t!r} are "
+                f"{str(f.dtype).replace('torch.', '')} {list(f.shape)}; expected numbers "
+                f"[{size}, F]"
+            )
+    widths = {t: int(f.shape[1]) for t, f in feats.items()}
+    if not widths:
+        raise DatasetError(f"{where}: no node type has the feature field {field!r}")
+    if len(set(widths.values())) > 1:
+        raise DatasetError(
+            f"{where}: the node types' {field!r} fields have different widths ({widths}); "
+            "they must agree"
+        )
+    n, target = offsets[-1], relations.target_id
+    lo, hi = offsets[target], offsets[target + 1]
+    for what, value in ((LABEL, label), *masks.items()):
+        if value.shape[:1] != (hi - lo,):
+            raise DatasetError(
+                f"{where}: the {what} of the target type {relations.target!r} has "
+                f"{list(value.shape)[:1]} rows for its {hi - lo} nodes"
+            )
+    feat = torch.zeros(n, next(iter(widths.values())))
+    for t, f in feats.items():
+        i = ntypes.index(t)
+        feat[offsets[i] : offsets[i + 1]] = f
+    graph.ndata[FEAT] = feat
+    graph.ndata[LABEL] = label.new_zeros((n, *label.shape[1:]))
+    graph.ndata[LABEL][lo:hi] = label
+    for key, mask in masks.items():
+        graph.ndata[key] = torch.zeros(n, dtype=torch.bool)
+        graph.ndata[key][lo:hi] = mask
+    return [t for t in ntypes if t not in feats]
 
 
 def index_mask(num_nodes: int, index: Any, what: str) -> Any:

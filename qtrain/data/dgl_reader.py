@@ -145,11 +145,19 @@ def build_heterograph(contents: dict[str, Any], where: str) -> Any:
     if len(names) != len(sizes) or any(n < 0 for n in sizes):
         raise DatasetError(f"{where} is corrupt: its node types and their sizes disagree")
     size = dict(zip(names, sizes, strict=True))
+    if len(size) != len(names) or len(contents["canonical_etypes"]) != len(contents["type_edges"]):
+        raise DatasetError(f"{where} is corrupt: its node types or relations repeat or disagree")
     relations = {}
     for (s, r, d), (src, dst) in zip(
         contents["canonical_etypes"], contents["type_edges"], strict=True
     ):
-        if s not in size or d not in size or src.shape != dst.shape or src.dim() != 1:
+        if (
+            s not in size
+            or d not in size
+            or (s, r, d) in relations
+            or src.shape != dst.shape
+            or src.dim() != 1
+        ):
             raise DatasetError(f"{where} is corrupt: relation {r!r} does not match its types")
         for ids, t in ((src, s), (dst, d)):
             if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= size[t]):
@@ -160,6 +168,8 @@ def build_heterograph(contents: dict[str, Any], where: str) -> Any:
                 )
         relations[(s, r, d)] = (src, dst)
     for t, data in contents["type_ndata"].items():
+        if t not in size:
+            raise DatasetError(f"{where} is corrupt: it has node data for an unknown type {t!r}")
         for key, value in data.items():
             if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != size[t]:
                 raise DatasetError(

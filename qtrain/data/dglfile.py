@@ -36,6 +36,7 @@ from qtrain.data.base import (
     TRAIN_MASK,
     VAL_MASK,
     NodeDataset,
+    fill_typed_node_data,
     typed_graph,
 )
 from qtrain.data.dgl_reader import read_graph_file
@@ -251,8 +252,6 @@ def load_dgl_file(opts: DglFileOptions) -> NodeDataset:
 
 def _relational(hetero: Any, opts: DglFileOptions, path: Path) -> NodeDataset:
     """A heterograph as one homogeneous graph with type ids (the Relations contract)."""
-    import torch
-
     where = f"dataset 'dgl-file': {path}"
     ntypes = list(hetero.ntypes)
     if opts.target not in ntypes:
@@ -262,33 +261,15 @@ def _relational(hetero: Any, opts: DglFileOptions, path: Path) -> NodeDataset:
             "to classify)"
         )
     sizes = [int(hetero.num_nodes(t)) for t in ntypes]
-    offsets = [0]
-    for size in sizes:
-        offsets.append(offsets[-1] + size)
-    n = offsets[-1]
-    feats, featureless = {}, []
+    n = sum(sizes)
+    feats = {}
     for t, size in zip(ntypes, sizes, strict=True):
         data = hetero.nodes[t].data
         if opts.feat in data:
             feats[t] = _features(data[opts.feat], size, opts.feat, where, f" of type {t!r}")
-        else:
-            featureless.append(t)
-    widths = {int(f.shape[1]) for f in feats.values()}
-    if not widths:
+    if not feats:
         raise DatasetError(
             f"{where}: no node type has the feature field {opts.feat!r}; set [dataset] feat"
-        )
-    if len(widths) > 1:
-        raise DatasetError(
-            f"{where}: the node types' {opts.feat!r} fields have different widths "
-            f"({ {t: int(f.shape[1]) for t, f in feats.items()} }); they must agree"
-        )
-    width = widths.pop()
-    if featureless:
-        warnings.warn(
-            f"{where}: node types {featureless} have no {opts.feat!r} field; their features "
-            "are zeros",
-            stacklevel=3,
         )
     target = ntypes.index(opts.target)
     masks, label, num_classes, metric, task_info = _task(
@@ -300,17 +281,13 @@ def _relational(hetero: Any, opts: DglFileOptions, path: Path) -> NodeDataset:
             f"{opts.target!r} nodes integer class labels"
         )
     g, relations = typed_graph(hetero, opts.target)
-    lo, hi = offsets[target], offsets[target + 1]
-    feat = torch.zeros(n, width)
-    for t, f in feats.items():
-        i = ntypes.index(t)
-        feat[offsets[i] : offsets[i + 1]] = f
-    g.ndata[FEAT] = feat
-    g.ndata[LABEL] = torch.zeros(n, dtype=torch.int64)
-    g.ndata[LABEL][lo:hi] = label
-    for key, mask in masks.items():
-        g.ndata[key] = torch.zeros(n, dtype=torch.bool)
-        g.ndata[key][lo:hi] = mask
+    featureless = fill_typed_node_data(g, relations, feats, label, masks, where, opts.feat)
+    if featureless:
+        warnings.warn(
+            f"{where}: node types {featureless} have no {opts.feat!r} field; their features "
+            "are zeros",
+            stacklevel=3,
+        )
     info: dict[str, Any] = {
         "source": "dgl-file",
         "path": str(path),

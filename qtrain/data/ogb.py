@@ -26,9 +26,19 @@ Per task:
   metric micro-F1 (OGB's own leaderboard metric is ROC-AUC). It has no node
   features; as in OGB's and DGL's examples, a node's feature is the mean of
   its 8 incoming edge features (edge features stay in ``edata['feat']``).
-* mag: heterogeneous; qtrain's node datasets are homogeneous, so this loads
-  the paper nodes and paper-cites-paper edges only (OGB's homogeneous
-  baselines do the same), with ``to_bidirected`` true by default.
+* mag: heterogeneous. By default this loads the paper nodes and
+  paper-cites-paper edges only (OGB's homogeneous baselines do the same), with
+  ``to_bidirected`` true by default. With ``relational = true`` it is a
+  relational dataset (``qtrain.data.base.Relations``) of all four node types
+  (author, field_of_study, institution, paper) and all four relations, the
+  task on the papers; ``to_bidirected`` (default true) then adds, as DGL's
+  RGCN examples do, a relation ``rev-<name>`` holding each relation's edges
+  reversed (paper-cites-paper too: ``rev-cites`` keeps cited-by apart from
+  cites), false keeps the stored directions only. Papers keep their features;
+  the other types have none in OGB's files and get zeros (named in ``info``
+  and a warning); through the reverse relations they receive their papers'
+  features in a model's first layer. Other node and edge data (``year``,
+  ``reltype``) is not kept. ``relational`` is refused for the homogeneous tasks.
 """
 
 from __future__ import annotations
@@ -54,7 +64,9 @@ from qtrain.data.base import (
     VAL_MASK,
     NodeDataset,
     data_dir,
+    fill_typed_node_data,
     index_mask,
+    typed_graph,
 )
 from qtrain.data.registry import DATASETS
 from qtrain.errors import DatasetError
@@ -62,7 +74,8 @@ from qtrain.errors import DatasetError
 
 @dataclass(frozen=True)
 class OgbOptions:
-    """Where ogb's dataset folders are, and whether to add reverse edges."""
+    """Where ogb's dataset folders are, whether to add reverse edges, and (ogbn-mag) whether
+    to keep every node type and relation."""
 
     root: str = option(
         "",
@@ -72,11 +85,19 @@ class OgbOptions:
     to_bidirected: bool = option(
         False,
         "add the reverse of every edge (duplicates merged, edge data dropped), as DGL's "
-        "examples do for the directed citation graphs",
+        "examples do for the directed citation graphs; with relational = true, a reverse "
+        "relation rev-<name> per relation instead",
+    )
+    relational: bool = option(
+        False,
+        "ogbn-mag only: load all its node types and relations as a relational dataset "
+        "classifying the papers (other types get zero features); false = papers and "
+        "paper-cites-paper only",
     )
 
 
 SPLITS = ("train", "valid", "test")
+TARGET = "paper"  # mag's node type with labels and the split: the relational target
 
 
 @dataclass(frozen=True)
@@ -97,7 +118,8 @@ TASKS: dict[str, _Task] = {
         False,
     ),
     "ogbn-mag": _Task(
-        "OGB MAG, paper nodes and paper-cites-paper edges only (736,389 nodes, 349 classes), time split",
+        "OGB MAG, paper nodes and paper-cites-paper edges (736,389 nodes, 349 classes), time "
+        "split; relational = true: all 4 node types and relations",
         True,
     ),
     "ogbn-papers100M": _Task(
@@ -380,6 +402,7 @@ def _strict_read_csv(read_csv: Callable[..., Any], folder: Path) -> Callable[...
     import numpy as np
 
     edge_counts: dict[Path, dict[str, int]] = {}
+    type_sizes: dict[str, int] = {}  # a heterograph's node counts, from num-node-dict
 
     def strict(path: Any, *args: Any, **kwargs: Any) -> Any:
         path = Path(path)
@@ -405,6 +428,15 @@ def _strict_read_csv(read_csv: Callable[..., Any], folder: Path) -> Callable[...
                 raise bad("must hold two integer node ids per line")
             if len(frame) and int(frame.to_numpy().min()) < 0:
                 raise bad("holds a negative node id; node ids are 0 and up")
+            triplet = path.parent.name.split("___")  # a heterograph's relations/<s>___<r>___<d>/
+            if path.parent.parent.name == "relations" and len(triplet) == 3 and len(frame):
+                for column, ntype in ((0, triplet[0]), (1, triplet[2])):
+                    top, size = int(frame.iloc[:, column].max()), type_sizes.get(ntype)
+                    if size is not None and top >= size:
+                        raise bad(
+                            f"names {ntype} node {top}, but num-node-dict.csv.gz gives "
+                            f"{ntype} {size} nodes (0..{size - 1})"
+                        )
             edge_counts.setdefault(path.parent, {})["lines"] = len(frame)
         elif name in ("num-node-list.csv.gz", "num-edge-list.csv.gz", "num-node-dict.csv.gz"):
             wide = name == "num-node-dict.csv.gz"  # one column per node type
@@ -412,6 +444,8 @@ def _strict_read_csv(read_csv: Callable[..., Any], folder: Path) -> Callable[...
                 raise bad("must hold one count (a graph's size) per column")
             if int(frame.to_numpy().min()) < 0:
                 raise bad("holds a negative count")
+            if wide:
+                type_sizes.update({str(t): int(frame[t].iloc[0]) for t in frame.columns})
             if name == "num-edge-list.csv.gz":
                 edge_counts.setdefault(path.parent, {})["declared"] = int(frame.iloc[0, 0])
         elif name.startswith(("node-feat", "edge-feat", "node-label", "node_", "edge_")):
@@ -448,9 +482,11 @@ def _file_crc(path: Path) -> int:
     return crc
 
 
-def _read_in_child(name: str, root: str, processed: bool, out: str) -> str | None:
+def _read_in_child(name: str, root: str, processed: bool, relational: bool, out: str) -> str | None:
     """ogb reads the dataset (in the child that ``run_reader`` forks); the homogeneous graph
-    (mag: the paper nodes and paper-cites-paper edges) and the labels go to ``out``.
+    (mag: the paper nodes and paper-cites-paper edges) and the labels go to ``out``, or
+    with ``relational`` (mag) every node type's size and features, every relation's edges
+    and the papers' labels, in the form ``build_heterograph`` checks.
 
     A processed file is read by DGL's C++ reader, which trusts the lengths
     written in it: a crash kills this child only, and its memory is capped by
@@ -498,6 +534,30 @@ def _read_in_child(name: str, root: str, processed: bool, out: str) -> str | Non
     if crc is None or not checksum.exists():  # ogb has just written it, or a first read
         with contextlib.suppress(OSError):
             _record(checksum, crc if crc is not None else _file_crc(folder / PROCESSED))
+    if meta["is hetero"] == "True" and relational:
+        if not isinstance(labels, dict) or TARGET not in labels or TARGET not in graph.ntypes:
+            return f"is corrupt: it has no {TARGET} nodes with labels; {remedy}"
+        canonical = [tuple(c) for c in graph.canonical_etypes]
+        torch.save(
+            {
+                "ntypes": len(graph.ntypes),
+                "ntype_names": list(graph.ntypes),
+                "etypes": len(canonical),
+                "type_sizes": [int(graph.num_nodes(t)) for t in graph.ntypes],
+                "canonical_etypes": canonical,
+                "type_edges": [
+                    tuple(ids.to(torch.int64) for ids in graph.edges(etype=c)) for c in canonical
+                ],
+                "type_ndata": {
+                    t: {FEAT: graph.nodes[t].data[FEAT]}
+                    for t in graph.ntypes
+                    if FEAT in graph.nodes[t].data
+                },
+                "labels": labels[TARGET],
+            },
+            out,
+        )
+        return None
     if meta["is hetero"] == "True":
         cites = ("paper", "cites", "paper")
         if (
@@ -571,14 +631,25 @@ def load_ogb(name: str, opts: OgbOptions) -> NodeDataset:
     from qtrain.data.dgl_reader import build_graph, run_reader
 
     root = Path(opts.root).expanduser() if opts.root else data_dir() / "ogb"
-    folder = check_files(name, root)
     meta = _master(name)
+    if opts.relational and meta["is hetero"] != "True":
+        raise DatasetError(
+            f"dataset {name!r}: relational = true needs a heterogeneous dataset (ogbn-mag), "
+            f"but {name} has one node type and one edge type; leave relational false"
+        )
+    folder = check_files(name, root)
     processed = (folder / PROCESSED).is_file()
     source = folder / PROCESSED if processed else folder
     where, remedy = f"dataset {name!r}: {source}", _remedy(folder, processed)
     contents = run_reader(
-        _read_in_child, (name, str(root), processed), where, "ogb's reader", remedy
+        _read_in_child,
+        (name, str(root), processed, opts.relational),
+        where,
+        "ogb's reader",
+        remedy,
     )
+    if opts.relational:
+        return _load_relational(name, contents, opts, folder, meta, where, remedy)
     labels = contents.pop("labels")
     n = int(contents["num_nodes"])
     if tuple(getattr(labels, "shape", ()))[:1] != (n,):  # before anything is sized by n
@@ -642,6 +713,113 @@ def load_ogb(name: str, opts: OgbOptions) -> NodeDataset:
         split={"name": meta["split"], **{k: int(v.sum()) for k, v in masks.items()}},
     )
     return NodeDataset(name, g, num_classes, metric, info).validate()  # type: ignore[arg-type]
+
+
+def _load_relational(
+    name: str,
+    contents: dict[str, Any],
+    opts: OgbOptions,
+    folder: Path,
+    meta: dict[str, str],
+    where: str,
+    remedy: str,
+) -> NodeDataset:
+    """mag as a relational dataset, from what the child handed back: the sizes, relations
+    and features checked (``build_heterograph``), reverse relations added with
+    ``to_bidirected``, then the ``Relations`` form (``typed_graph``), the task on papers."""
+    import torch
+
+    from qtrain.data.dgl_reader import build_heterograph
+
+    labels = contents.pop("labels")
+    names, sizes = list(contents["ntype_names"]), list(contents["type_sizes"])
+    if TARGET not in names or len(names) != len(sizes):
+        raise DatasetError(f"{where} is corrupt: it has no {TARGET!r} node type; {remedy}")
+    n = int(sizes[names.index(TARGET)])
+    if tuple(getattr(labels, "shape", ()))[:1] != (n,):  # before anything is sized by n
+        raise DatasetError(
+            f"{where} is corrupt: {_describe(labels)} labels for {n} papers; {remedy}"
+        )
+    if opts.to_bidirected:
+        contents = _with_reverse_relations(contents, where, remedy)
+    try:
+        hetero = build_heterograph(contents, where)
+    except DatasetError as exc:
+        raise DatasetError(f"{exc}; {remedy}") from None
+    feats = {}
+    for t in hetero.ntypes:
+        if FEAT not in hetero.nodes[t].data:
+            continue
+        feat = hetero.nodes[t].data[FEAT]
+        if feat.dim() != 2 or feat.is_complex() or feat.dtype == torch.bool:
+            raise DatasetError(
+                f"{where} is corrupt: the {t!r} features are {_describe(feat)}, expected "
+                f"numbers [{hetero.num_nodes(t)}, F]; {remedy}"
+            )
+        if not bool(torch.isfinite(feat).all()):
+            raise DatasetError(
+                f"{where} is corrupt: a {t!r} feature is NaN or infinite (finite numbers "
+                f"only); {remedy}"
+            )
+        feats[t] = feat.float()
+    if TARGET not in feats:
+        raise DatasetError(f"{where} is corrupt: the papers have no features; {remedy}")
+    masks = _split_masks(n, _read_split(folder, meta), name)
+    labelled = masks["train"] | masks["valid"] | masks["test"]
+    try:
+        label, num_classes, unlabelled = _labels(labels, n, meta, labelled, f"{where} is corrupt")
+    except DatasetError as exc:
+        raise DatasetError(f"{exc}; {remedy}") from None
+    g, relations = typed_graph(hetero, TARGET)
+    split = {TRAIN_MASK: masks["train"], VAL_MASK: masks["valid"], TEST_MASK: masks["test"]}
+    try:
+        featureless = fill_typed_node_data(g, relations, feats, label, split, where)
+    except DatasetError as exc:
+        raise DatasetError(f"{exc}; {remedy}") from None
+    if featureless:
+        warnings.warn(
+            f"dataset {name!r}: node types {featureless} have no features in ogb's files; "
+            "their features are zeros",
+            stacklevel=3,
+        )
+    info: dict[str, Any] = {
+        "source": "ogb",
+        "folder": str(folder),
+        "ogb_metric": meta["eval metric"],
+        "target": TARGET,
+        "nodes": int(g.num_nodes()),
+        "edges": int(g.num_edges()),
+        "nodes_per_type": {t: int(hetero.num_nodes(t)) for t in hetero.ntypes},
+        "edges_per_relation": {
+            "/".join(c): int(hetero.num_edges(c)) for c in hetero.canonical_etypes
+        },
+        "featureless_ntypes": featureless,
+        "to_bidirected": opts.to_bidirected,
+        "split": {"name": meta["split"], **{k: int(v.sum()) for k, v in masks.items()}},
+    }
+    if unlabelled:
+        info["unlabelled_nodes"] = unlabelled
+    return NodeDataset(name, g, num_classes, "accuracy", info, relations).validate()
+
+
+def _with_reverse_relations(contents: dict[str, Any], where: str, remedy: str) -> dict[str, Any]:
+    """``contents`` with a relation ``(dst, rev-<name>, src)`` per relation, holding its edges
+    reversed (edge for edge), as DGL's RGCN examples prepare ogbn-mag."""
+    canonical, edges = list(contents["canonical_etypes"]), list(contents["type_edges"])
+    if len(canonical) != len(edges):
+        raise DatasetError(f"{where} is corrupt: its relations and edge lists disagree; {remedy}")
+    taken = {tuple(c) for c in canonical}
+    for (s, r, d), (src, dst) in zip(list(canonical), list(edges), strict=True):
+        reverse = (d, f"rev-{r}", s)
+        if reverse in taken:
+            raise DatasetError(
+                f"{where}: relation {reverse} is stored already, so the reverse of {r!r} "
+                "cannot take its name; set to_bidirected = false"
+            )
+        taken.add(reverse)
+        canonical.append(reverse)
+        edges.append((dst, src))
+    return {**contents, "canonical_etypes": canonical, "type_edges": edges}
 
 
 for _name, _task in TASKS.items():

@@ -65,36 +65,51 @@ def write_proteins(root: Path) -> Path:
     return folder
 
 
+# the fake mag's node types (with their sizes) and relations (edge counts), as OGB's mag
+MAG_SIZES = {"author": 7, "field_of_study": 5, "institution": 3, "paper": N}
+MAG_EDGES = {
+    ("author", "affiliated_with", "institution"): 8,
+    ("author", "writes", "paper"): 10,
+    ("paper", "cites", "paper"): E,
+    ("paper", "has_topic", "field_of_study"): 12,
+}
+
+
+def mag_edges(triplet: tuple[str, str, str]) -> np.ndarray:
+    """The fake mag's edges of relation ``triplet`` (source and destination ids per line)."""
+    if triplet == ("paper", "cites", "paper"):
+        return edges()
+    src, _, dst = triplet
+    rng = np.random.default_rng(list(MAG_EDGES).index(triplet) + 2)
+    count = MAG_EDGES[triplet]
+    return np.stack(
+        [rng.integers(0, MAG_SIZES[src], count), rng.integers(0, MAG_SIZES[dst], count)], 1
+    )
+
+
 def write_mag(root: Path) -> Path:
+    """OGB's raw mag layout: 4 node types (features, years and labels on papers only), 4
+    relations (each with its edge_reltype file), the paper split."""
     folder = root / "ogbn_mag"
     raw = folder / "raw"
     rng = np.random.default_rng(0)
-    authors = 7
-    csv(raw / "num-node-dict.csv.gz", [[authors, N]], header=["author", "paper"])
-    csv(
-        raw / "triplet-type-list.csv.gz",
-        [["author", "writes", "paper"], ["paper", "cites", "paper"]],
-    )
-    for triplet, pairs in (
-        ("paper___cites___paper", edges()),
-        (
-            "author___writes___paper",
-            np.stack([rng.integers(0, authors, 10), rng.integers(0, N, 10)], 1),
-        ),
-    ):
-        csv(raw / "relations" / triplet / "edge.csv.gz", pairs)
-        csv(raw / "relations" / triplet / "num-edge-list.csv.gz", [[len(pairs)]])
-        csv(
-            raw / "relations" / triplet / "edge_reltype.csv.gz",
-            np.zeros((len(pairs), 1), dtype=int),
-        )
+    types = list(MAG_SIZES)
+    csv(raw / "num-node-dict.csv.gz", [list(MAG_SIZES.values())], header=types)
+    csv(raw / "triplet-type-list.csv.gz", [list(t) for t in MAG_EDGES])
+    for triplet in MAG_EDGES:
+        pairs = mag_edges(triplet)
+        rel = raw / "relations" / "___".join(triplet)
+        csv(rel / "edge.csv.gz", pairs)
+        csv(rel / "num-edge-list.csv.gz", [[len(pairs)]])
+        csv(rel / "edge_reltype.csv.gz", np.zeros((len(pairs), 1), dtype=int))
     csv(raw / "node-feat" / "paper" / "node-feat.csv.gz", rng.standard_normal((N, 6)).round(4))
     csv(raw / "node-feat" / "paper" / "node_year.csv.gz", rng.integers(2000, 2020, (N, 1)))
-    csv(raw / "nodetype-has-label.csv.gz", [[False, True]], header=["author", "paper"])
+    only_papers = [[t == "paper" for t in types]]
+    csv(raw / "nodetype-has-label.csv.gz", only_papers, header=types)
     csv(raw / "node-label" / "paper" / "node-label.csv.gz", rng.integers(0, 349, (N, 1)))
     perm = np.random.default_rng(1).permutation(N)
     base = folder / "split" / "time"
-    csv(base / "nodetype-has-split.csv.gz", [[False, True]], header=["author", "paper"])
+    csv(base / "nodetype-has-split.csv.gz", only_papers, header=types)
     csv(base / "paper" / "train.csv.gz", perm[:15, None])
     csv(base / "paper" / "valid.csv.gz", perm[15:20, None])
     csv(base / "paper" / "test.csv.gz", perm[20:, None])

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from ogb_files import E, N, edges, write_arxiv, write_mag, write_proteins
+from ogb_files import (
+    MAG_EDGES,
+    MAG_SIZES,
+    E,
+    N,
+    csv,
+    edges,
+    mag_edges,
+    write_arxiv,
+    write_mag,
+    write_proteins,
+)
 
 from qtrain.data import DATASETS, load_dataset
 from qtrain.errors import DatasetError
@@ -25,7 +39,7 @@ def test_registered_names() -> None:
     for name in ("ogbn-arxiv", "ogbn-products", "ogbn-proteins", "ogbn-mag", "ogbn-papers100M"):
         assert name in DATASETS
     defaults = {o.name: o.default for o in DATASETS.get("ogbn-arxiv").describe()}
-    assert defaults == {"root": "", "to_bidirected": True}
+    assert defaults == {"root": "", "to_bidirected": True, "relational": False}
     assert {o.name: o.default for o in DATASETS.get("ogbn-products").describe()}[
         "to_bidirected"
     ] is False
@@ -99,6 +113,172 @@ def test_mag_keeps_papers_only(tmp_path: Path) -> None:
     assert g.num_nodes() == N and g.num_edges() == E and ds.num_classes == 349
     assert g.ndata["feat"].shape == (N, 6) and "year" in g.ndata
     assert [int(g.ndata[k].sum()) for k in ("train_mask", "val_mask", "test_mask")] == [15, 5, 10]
+
+
+def _relational_mag(tmp_path: Path, **table: Any) -> Any:
+    with pytest.warns(
+        UserWarning,
+        match=r"node types \['author', 'field_of_study', 'institution'\] have no features",
+    ):
+        return load_dataset("ogbn-mag", {"root": str(tmp_path), "relational": True, **table})
+
+
+def test_mag_relational_has_every_type_and_reverse_relations(tmp_path: Path) -> None:
+    folder = write_mag(tmp_path)
+    ds = _relational_mag(tmp_path)
+    rel, g = ds.relations, ds.graph
+    assert rel.ntypes == tuple(MAG_SIZES) and rel.target == "paper"
+    reverse = {(d, f"rev-{r}", s): (s, r, d) for s, r, d in MAG_EDGES}
+    assert set(rel.etypes) == set(MAG_EDGES) | set(reverse) and rel.num_etypes == 8
+    assert g.num_nodes() == sum(MAG_SIZES.values())
+    assert g.num_edges() == 2 * sum(MAG_EDGES.values())
+    offset = dict(zip(MAG_SIZES, np.cumsum([0, *MAG_SIZES.values()]).tolist(), strict=False))
+    src, dst = g.edges()
+    for r, (s, name, d) in enumerate(rel.etypes):
+        pairs = mag_edges(reverse.get((s, name, d), (s, name, d)))
+        if (s, name, d) in reverse:
+            pairs = pairs[:, ::-1]  # the reverse relation: every edge of its relation, turned
+        mine = g.edata["etype"] == r
+        assert src[mine].tolist() == (pairs[:, 0] + offset[s]).tolist(), (s, name, d)
+        assert dst[mine].tolist() == (pairs[:, 1] + offset[d]).tolist(), (s, name, d)
+    # paper features on the papers, zeros on the featureless types
+    lo = offset["paper"]
+    feat = pd.read_csv(folder / "raw" / "node-feat" / "paper" / "node-feat.csv.gz", header=None)
+    torch.testing.assert_close(g.ndata["feat"][lo:], torch.from_numpy(feat.values).float())
+    assert ds.num_features == 6 and not g.ndata["feat"][:lo].any()
+    labels = pd.read_csv(folder / "raw" / "node-label" / "paper" / "node-label.csv.gz", header=None)
+    assert g.ndata["label"][lo:].tolist() == labels.values[:, 0].tolist()
+    assert ds.num_classes == 349 and ds.metric == "accuracy"
+    # the split on the papers only
+    perm = np.random.default_rng(1).permutation(N)
+    for key, ids in (
+        ("train_mask", perm[:15]),
+        ("val_mask", perm[15:20]),
+        ("test_mask", perm[20:]),
+    ):
+        assert not g.ndata[key][:lo].any()
+        assert sorted(g.ndata[key].nonzero().flatten().tolist()) == sorted((ids + lo).tolist())
+    assert ds.info["featureless_ntypes"] == ["author", "field_of_study", "institution"]
+    assert ds.info["nodes_per_type"] == MAG_SIZES and ds.info["to_bidirected"] is True
+    assert ds.info["edges_per_relation"]["paper/rev-cites/paper"] == E
+    ds.validate()
+
+
+def test_mag_relational_without_reverse_relations_and_paper_only_still(tmp_path: Path) -> None:
+    """to_bidirected = false keeps the stored relations only; both read ogb's processed
+    file, which the first load wrote, and the default (paper-only) load is unchanged."""
+    write_mag(tmp_path)
+    _relational_mag(tmp_path)
+    ds = _relational_mag(tmp_path, to_bidirected=False)
+    assert ds.relations.etypes == tuple(MAG_EDGES)
+    assert ds.graph.num_edges() == sum(MAG_EDGES.values())
+    papers = load_dataset("ogbn-mag", {"root": str(tmp_path), "to_bidirected": False})
+    assert papers.relations is None and papers.graph.num_nodes() == N
+    assert papers.graph.num_edges() == E
+
+
+def test_a_relational_model_trains_on_relational_mag(tmp_path: Path) -> None:
+    from qtrain.recipe import build_recipe
+    from qtrain.runner import execute
+    from qtrain.train.progress import Reporter
+
+    write_mag(tmp_path)
+    raw = {
+        "model": {"name": "rgcn", "hidden": 8},
+        "dataset": {"name": "ogbn-mag", "root": str(tmp_path), "relational": True},
+        "train": {"epochs": 2},
+        "quant": {"plugin": []},
+        "output": {"dir": str(tmp_path / "runs"), "checkpoint": False},
+    }
+    with pytest.warns(UserWarning, match="have no features"):
+        summary = execute(build_recipe(raw, "mag-rgcn"), reporter=Reporter())
+    assert summary["status"] == "completed", summary.get("error")
+    assert summary["model"] == "rgcn" and summary["epochs"] == 2
+    assert summary["dataset_info"]["target"] == "paper"
+    assert 0.0 <= summary["test_acc"] <= 1.0
+
+
+def test_relational_on_a_homogeneous_dataset_is_one_line(tmp_path: Path) -> None:
+    write_arxiv(tmp_path)
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-arxiv", {"root": str(tmp_path), "relational": True})
+    message = str(err.value)
+    assert "relational = true needs a heterogeneous dataset" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("relational", [True, False])
+@pytest.mark.parametrize(
+    ("triplet", "bad"),
+    [
+        (("author", "affiliated_with", "institution"), [0, MAG_SIZES["institution"]]),
+        (("author", "writes", "paper"), [MAG_SIZES["author"], 0]),
+    ],
+)
+def test_mag_edge_past_its_types_nodes_is_one_line(
+    tmp_path: Path, relational: bool, triplet: tuple[str, str, str], bad: list[int]
+) -> None:
+    folder = write_mag(tmp_path)
+    rows = np.vstack([mag_edges(triplet)[:-1], [bad]])
+    csv(folder / "raw" / "relations" / "___".join(triplet) / "edge.csv.gz", rows)
+    with pytest.raises(DatasetError) as err:
+        load_dataset("ogbn-mag", {"root": str(tmp_path), "relational": relational})
+    message = str(err.value)
+    src, _, dst = triplet
+    node = f"{src} node {bad[0]}" if bad[0] else f"{dst} node {bad[1]}"
+    assert f"is corrupt: raw/relations/{'___'.join(triplet)}/edge.csv.gz names {node}" in message
+    assert "\n" not in message, message
+    assert not (folder / "processed" / "dgl_data_processed").exists()
+
+
+def _processed_mag(tmp_path: Path, change: Callable[[Any], Any]) -> None:
+    """A processed file for the fake mag, ogb's own, whose heterograph ``change`` alters."""
+    from qtrain._compat import import_dgl
+    from qtrain.data.ogb import import_ogb_dataset
+
+    folder = write_mag(tmp_path)
+    with warnings.catch_warnings():  # ogb hands pandas' read-only arrays to torch.from_numpy
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        graph, labels = import_ogb_dataset()(name="ogbn-mag", root=str(tmp_path))[0]
+    path = folder / "processed" / "dgl_data_processed"
+    path.unlink()
+    import_dgl().save_graphs(str(path), [change(graph)], labels)
+
+
+def _without_paper_features(graph: Any) -> Any:
+    graph.nodes["paper"].data.pop("feat")
+    return graph
+
+
+def _with_author_features(graph: Any) -> Any:
+    graph.nodes["author"].data["feat"] = torch.ones(MAG_SIZES["author"], 3)
+    return graph
+
+
+def _with_rev_writes(graph: Any) -> Any:
+    from qtrain._compat import import_dgl
+
+    relations = {c: graph.edges(etype=c) for c in graph.canonical_etypes}
+    relations[("paper", "rev-writes", "author")] = (torch.tensor([0]), torch.tensor([0]))
+    out = import_dgl().heterograph(relations, num_nodes_dict=MAG_SIZES)
+    out.nodes["paper"].data["feat"] = graph.nodes["paper"].data["feat"]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (_without_paper_features, "the papers have no features"),
+        (_with_author_features, "different widths"),
+        (_with_rev_writes, "cannot take its name; set to_bidirected = false"),
+    ],
+)
+def test_mag_relational_refuses_odd_processed_files(
+    tmp_path: Path, change: Callable[[Any], Any], says: str
+) -> None:
+    _processed_mag(tmp_path, change)
+    with pytest.raises(DatasetError, match=says) as err:
+        load_dataset("ogbn-mag", {"root": str(tmp_path), "relational": True})
+    assert "\n" not in str(err.value)
 
 
 def test_missing_folder_says_where_and_how(tmp_path: Path) -> None:
