@@ -28,6 +28,8 @@ from qtrain._compat import import_dgl
 dgl = import_dgl()
 from dgl import nn as dglnn  # noqa: E402
 
+from qtrain.models.rgat import RGATConv  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def _route_off() -> Iterator[None]:
@@ -44,6 +46,9 @@ class Case:
     graph: Callable[[], Any]
     inputs: Callable[[Any], dict[str, torch.Tensor]]  # named tensors: features, edge weights
     forward: Callable[[torch.nn.Module, Any, dict[str, torch.Tensor]], torch.Tensor]
+    # DGL's TypedLinear on presorted input reads its segment lengths on the host
+    # (``.cpu()``, a device sync on a GPU), which a meta tensor cannot do
+    reads_host: bool = False
 
 
 def _homogeneous(nodes: int = 40, edges: int = 200, self_loops: bool = True) -> Any:
@@ -79,6 +84,21 @@ def _typed_graph() -> Any:
         0, 2, (g.num_nodes(),), generator=torch.Generator().manual_seed(3)
     )
     return g
+
+
+def _sorted_typed_graph() -> Any:
+    """A relational dataset's form: nodes grouped by ntype, edges by etype, so DGL's typed
+    linear layers take their segment_mm path (``presorted=True``)."""
+    g = _typed_graph()
+    node_order = torch.argsort(g.ndata["ntype"], stable=True)
+    position = torch.empty_like(node_order)
+    position[node_order] = torch.arange(len(node_order))
+    src, dst = g.edges()
+    edge_order = torch.argsort(g.edata["etype"], stable=True)
+    h = dgl.graph((position[src[edge_order]], position[dst[edge_order]]), num_nodes=g.num_nodes())
+    h.ndata["ntype"] = g.ndata["ntype"][node_order]
+    h.edata["etype"] = g.edata["etype"][edge_order]
+    return h
 
 
 def _heterograph() -> Any:
@@ -185,6 +205,27 @@ CASES: dict[str, Case] = {
         _nodes(),
         lambda m, g, t: m(g, t["x"], g.ndata["ntype"], g.edata["etype"]),
     ),
+    "RelGraphConv-presorted": Case(
+        lambda: dglnn.RelGraphConv(12, 7, num_rels=3),
+        _sorted_typed_graph,
+        _nodes(),
+        lambda m, g, t: m(g, t["x"], g.edata["etype"], presorted=True),
+        reads_host=True,
+    ),
+    "HGTConv-presorted": Case(
+        lambda: dglnn.HGTConv(12, 4, num_heads=2, num_ntypes=2, num_etypes=3),
+        _sorted_typed_graph,
+        _nodes(),
+        lambda m, g, t: m(g, t["x"], g.ndata["ntype"], g.edata["etype"], presorted=True),
+        reads_host=True,
+    ),
+    "qtrain-RGATConv": Case(  # qtrain's own RGAT layer, built from DGL's primitives
+        lambda: RGATConv(12, 4, 2, num_etypes=3, negative_slope=0.2, self_loop=True),
+        _sorted_typed_graph,
+        _nodes(),
+        lambda m, g, t: m(g, t["x"], g.edata["etype"], presorted=True),
+        reads_host=True,
+    ),
     "HeteroGraphConv": Case(
         lambda: dglnn.HeteroGraphConv(
             {
@@ -266,7 +307,7 @@ def test_module_on_the_cpu_route_matches_dgl(name: str) -> None:
         torch.testing.assert_close(got_params[key], grad, rtol=1e-4, atol=1e-4, msg=key)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if not case.reads_host])
 def test_module_runs_on_a_device_without_touching_the_cpu(name: str) -> None:
     out, inputs, params = _train_step(CASES[name], "meta")
     assert out.device.type == "meta"
