@@ -100,11 +100,11 @@ def test_the_report_gives_mean_spread_and_ratios_to_fp32(tmp_path: Path) -> None
     )
     assert exact["test_metric"]["std"] is None  # one completed run: no spread to show
     assert exact["vs_fp32"]["epoch_time"] == pytest.approx(1.0)  # 120 ms / 120 ms
-    assert exact["vs_fp32"]["activation"] == pytest.approx(1 / 8)
+    assert exact["vs_fp32"]["activation"] == pytest.approx(8.0)  # fp32 / exact: 8x smaller
     assert exact["kernels"] == {"compress": ["ext-cpu"], "spmm": ["fp32"]}
     assert report["seeds"] == [5, 6]
     rows = table_rows(report)
-    assert rows[2][3] == "1.00x" and rows[2][5] == "0.12x" and rows[2][-1] == "1/2"
+    assert rows[2][3] == "1.00x" and rows[2][5] == "8.00x" and rows[2][-1] == "1/2"
     assert len(table_rows(report, compact=True)[0]) == 9
     text = markdown(report)
     assert "| exact | 0.7800 | 120.0 (120.0-120.0) | 1.00x |" in text

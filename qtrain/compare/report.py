@@ -5,8 +5,9 @@ Per variant: the test metric's mean, standard deviation and range over the runs
 that completed; the epoch time as the median of each run's median epoch, with the
 range over runs; activation memory (what autograd saved, qtrain's meter), the
 training steps' peak resident memory and the whole process's peak (independent
-of qtrain's meter); the kernels the runs used. Every ratio is the variant's
-value divided by FP32's (below 1: less time or memory), one direction throughout.
+of qtrain's meter); the kernels the runs used. Every ratio is FP32's value
+divided by the variant's (> 1: the variant is that many times faster, or smaller),
+the direction of every ratio qtrain prints (bench tables, ``qtrain profile``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def _row(label: str, runs: list[Any]) -> dict[str, Any]:
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
-    return value / base if value is not None and base else None
+    """``base / value``: how many times less time or memory the variant takes than FP32."""
+    return base / value if base is not None and value else None
 
 
 def build_report(
@@ -100,7 +102,7 @@ def build_report(
         "seeds": list(range(recipe.train.seed, recipe.train.seed + seeds)),
         "repeats": repeats,
         "order": "interleaved: for each repeat, for each seed, every variant in turn",
-        "ratios": "variant / fp32 (below 1: less time or memory)",
+        "ratios": "fp32 / variant (> 1: the variant is that many times faster, or smaller)",
         "qtrain": __version__,
         "rows": rows,
     }
@@ -117,18 +119,18 @@ def table_rows(report: dict[str, Any], compact: bool = False) -> list[list[str]]
         "variant",
         f"test {report['metric']} (mean ± std)",
         "epoch ms (median, min-max)",
-        "time ÷ fp32",
+        "time vs fp32",
         "activation MiB",
-        "÷ fp32",
+        "vs fp32",
         "step peak MiB",
-        "÷ fp32",
+        "vs fp32",
         "process peak MiB",
-        "÷ fp32",
+        "vs fp32",
         "runs",
     ]
     if compact:
-        header = ["variant", report["metric"], "epoch ms", "÷fp32", "act MiB", "÷fp32"]
-        header += ["peak MiB", "÷fp32", "runs"]
+        header = ["variant", report["metric"], "epoch ms", "vs fp32", "act MiB", "vs fp32"]
+        header += ["peak MiB", "vs fp32", "runs"]
     out = [header]
     for row in report["rows"]:
         m, t, r = row["test_metric"], row["epoch_ms"], row["vs_fp32"]
@@ -194,7 +196,7 @@ def chart(report: dict[str, Any], path: Path) -> Path:
         high = [(r["epoch_ms"]["max"] or m) - m for m, r in zip(med, rows, strict=True)]
         time_ax.bar(xs, med, yerr=[low, high], capsize=4, color="tab:blue")
         time_ax.set(title="epoch time, ms (median, range)", xticks=xs, xticklabels=names)
-        width = 0.38  # one scale for both: each as a share of FP32's
+        width = 0.38  # one scale for both: how many times less than FP32's
         mem_ax.bar(
             [x - width / 2 for x in xs],
             [r["vs_fp32"]["activation"] or 0.0 for r in rows],
@@ -208,7 +210,7 @@ def chart(report: dict[str, Any], path: Path) -> Path:
             label="step peak (resident)",
         )
         mem_ax.axhline(1.0, color="gray", linewidth=0.8)
-        mem_ax.set(title="memory ÷ fp32", xticks=xs, xticklabels=names)
+        mem_ax.set(title="memory: fp32 / variant (> 1: smaller)", xticks=xs, xticklabels=names)
         mem_ax.legend(fontsize="small")
         for ax in (acc_ax, time_ax, mem_ax):
             ax.grid(axis="y", alpha=0.3)
