@@ -23,9 +23,13 @@ pytestmark = pytest.mark.skipif(
 # A fresh interpreter, so that the first optimizer imports torch._dynamo inside the
 # group, as in a worker (this test process may have imported it already).
 _WORKER = """
-import glob, json, os, socket, sys
+import glob, json, os, socket, sys, time
 import torch
+import torch.distributed as dist
 from qtrain.distributed.launch import process_group
+
+def names():
+    return sorted(open(f).read().strip() for f in glob.glob("/proc/self/task/*/comm"))
 
 with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -33,9 +37,14 @@ with socket.socket() as s:
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 fresh = "torch._dynamo" not in sys.modules
 with process_group("gloo", 0, 1, 60):
-    inside = sorted(open(f).read().strip() for f in glob.glob("/proc/self/task/*/comm"))
+    dist.barrier()
+    # a thread names itself once it runs: on a busy machine that can take a moment
+    deadline = time.monotonic() + 30
+    while not any("gloo" in n for n in names()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    inside = names()
     torch.optim.Adam([torch.nn.Parameter(torch.ones(2))])
-after = sorted(open(f).read().strip() for f in glob.glob("/proc/self/task/*/comm"))
+after = names()
 print(json.dumps({"fresh": fresh, "inside": inside, "after": after}))
 """
 
