@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learnability import logistic_accuracy
 
 from qtrain._compat import import_dgl
 from qtrain.data import DATASETS, load_dataset
@@ -131,20 +132,6 @@ def test_odd_edge_types_leave_the_last_relation_without_an_inverse() -> None:
     assert [e[1] for e in plain.relations.etypes] == ["r0", "r1", "r2", "r3", "r4"]
 
 
-def _logistic_accuracy(
-    x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, test: torch.Tensor, classes: int
-) -> float:
-    torch.manual_seed(0)
-    x = (x - x[train].mean(0)) / (x[train].std(0) + 1e-6)
-    model = torch.nn.Linear(x.shape[1], classes)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05, weight_decay=1e-4)
-    for _ in range(150):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x[train]), y[train]).backward()
-        opt.step()
-    return float((model(x[test]).argmax(1) == y[test]).float().mean())
-
-
 def test_the_task_needs_the_relations(small: NodeDataset) -> None:
     """Own features are weak; the neighbours' mean per relation is strong; one mean over all
     relations (what a model with one weight for every relation sees) is in between."""
@@ -164,11 +151,11 @@ def test_the_task_needs_the_relations(small: NodeDataset) -> None:
     torch.set_num_threads(1)
     try:
         acc = {
-            "alone": _logistic_accuracy(x, y, train, test, small.num_classes),
-            "mixed": _logistic_accuracy(
+            "alone": logistic_accuracy(x, y, train, test, small.num_classes),
+            "mixed": logistic_accuracy(
                 torch.cat([x, mean_in(everything)], 1), y, train, test, small.num_classes
             ),
-            "typed": _logistic_accuracy(
+            "typed": logistic_accuracy(
                 torch.cat([x, *per_relation], 1), y, train, test, small.num_classes
             ),
         }

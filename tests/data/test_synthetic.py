@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from learnability import logistic_accuracy
 
 from qtrain.data import DATASETS, load_dataset
 from qtrain.data.synthetic import SyntheticOptions, cache_folder, generate, load_synthetic
@@ -121,20 +122,6 @@ REFERENCE_EDGE_V = [109, 8, 166, 170, 175]
 REFERENCE_FEAT0 = [-1.075, 0.6458, 0.7679]
 
 
-def _logistic_accuracy(
-    x: torch.Tensor, y: torch.Tensor, train: torch.Tensor, test: torch.Tensor, classes: int
-) -> float:
-    torch.manual_seed(0)
-    x = (x - x[train].mean(0)) / (x[train].std(0) + 1e-6)
-    model = torch.nn.Linear(x.shape[1], classes)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05, weight_decay=1e-4)
-    for _ in range(150):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x[train]), y[train]).backward()
-        opt.step()
-    return float((model(x[test]).argmax(1) == y[test]).float().mean())
-
-
 def test_learnable_from_features_and_structure_together() -> None:
     """Logistic regression on features alone vs. with the mean of the neighbours' features."""
     ds = load_dataset("synthetic-small")
@@ -148,9 +135,9 @@ def test_learnable_from_features_and_structure_together() -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: extra threads only contend on a busy machine
     try:
-        alone = _logistic_accuracy(x, y, train, test, ds.num_classes)
+        alone = logistic_accuracy(x, y, train, test, ds.num_classes)
         with_neighbours = torch.cat([x, neighbours], 1)
-        together = _logistic_accuracy(with_neighbours, y, train, test, ds.num_classes)
+        together = logistic_accuracy(with_neighbours, y, train, test, ds.num_classes)
     finally:
         torch.set_num_threads(threads)
     assert alone > chance + 0.1, alone
