@@ -312,30 +312,51 @@ def _allot(
     return counts
 
 
+@dataclass(frozen=True)
+class _TypeIndex:
+    """One node type's nodes as a relation's sampler reads them, built once per type (a
+    graph shaped like wikikg2 has 535 relations over its one type)."""
+
+    nodes: np.ndarray  # the type's node ids
+    cum: np.ndarray  # cumulative degree weights of ``nodes``
+    by_class: np.ndarray  # the type's node ids sorted by class
+    class_cum: np.ndarray  # cumulative degree weights of ``by_class``
+    class_lo: np.ndarray  # class c's slice of ``by_class``: [class_lo[c], class_hi[c])
+    class_hi: np.ndarray
+
+    @classmethod
+    def of(
+        cls, nodes: np.ndarray, labels: np.ndarray, weights: np.ndarray, classes: int
+    ) -> _TypeIndex:
+        by_class = nodes[np.argsort(labels[nodes], kind="stable")]
+        sorted_classes = labels[by_class]
+        return cls(
+            nodes=nodes,
+            cum=np.cumsum(weights[nodes]),
+            by_class=by_class,
+            class_cum=np.cumsum(weights[by_class]),
+            class_lo=np.searchsorted(sorted_classes, np.arange(classes), side="left"),
+            class_hi=np.searchsorted(sorted_classes, np.arange(classes), side="right"),
+        )
+
+
 class _RelationSampler:
     """Draws one relation's edges as keys ``src * n + dst`` (self-loops come back as -1)."""
 
     def __init__(
         self,
-        src_nodes: np.ndarray,
-        dst_nodes: np.ndarray,
+        src: _TypeIndex,
+        dst: _TypeIndex,
         labels: np.ndarray,
-        weights: np.ndarray,
         homophily: float,
         n: int,
         pairing: np.ndarray,
     ) -> None:
         self.n, self.homophily = n, homophily
         self.pairing = pairing  # destination class -> the source class it draws from
-        self.dst_nodes = dst_nodes
-        self.dst_cum = np.cumsum(weights[dst_nodes])
-        by_class = np.argsort(labels[src_nodes], kind="stable")
-        self.src_sorted = src_nodes[by_class]
-        self.src_cum = np.cumsum(weights[self.src_sorted])
-        classes = int(labels.max()) + 1 if len(labels) else 1
-        src_classes = labels[self.src_sorted]
-        self.class_lo = np.searchsorted(src_classes, np.arange(classes), side="left")
-        self.class_hi = np.searchsorted(src_classes, np.arange(classes), side="right")
+        self.dst_nodes, self.dst_cum = dst.nodes, dst.cum
+        self.src_sorted, self.src_cum = src.by_class, src.class_cum
+        self.class_lo, self.class_hi = src.class_lo, src.class_hi
         self.labels = labels
 
     def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
@@ -402,6 +423,10 @@ def generate(opts: SyntheticHeteroOptions, name: str = "synthetic-hetero") -> di
     labels = rng.integers(0, opts.classes, size=n, dtype=np.int64)
     weights = node_weights(rng, n, opts.total_edges / n, opts.power_law_exponent)
 
+    type_index = [
+        _TypeIndex.of(np.arange(starts[t], starts[t + 1]), labels, weights, opts.classes)
+        for t in range(opts.node_types)
+    ]
     rng = np.random.default_rng(edge_seq)
     srcs, dsts, etypes = [], [], []
     forward_keys: dict[int, np.ndarray] = {}
@@ -410,10 +435,9 @@ def generate(opts: SyntheticHeteroOptions, name: str = "synthetic-hetero") -> di
             keys = forward_keys.pop(rel.inverse_of)
             u, v = keys % n, keys // n  # reversed
         else:
-            nodes = [np.arange(starts[t], starts[t + 1]) for t in (rel.src, rel.dst)]
             pairing = rng.permutation(opts.classes)
             sampler = _RelationSampler(
-                nodes[0], nodes[1], labels, weights, opts.homophily, n, pairing
+                type_index[rel.src], type_index[rel.dst], labels, opts.homophily, n, pairing
             )
             keys = _relation_edges(rng, sampler, rel.count, name)
             if r + 1 < len(rels) and rels[r + 1].inverse_of == r:
