@@ -3,16 +3,25 @@
 For an edge ``u -> v`` of relation ``r``: the message ``m = W_r h_u``, the attention
 score ``leakyrelu((W_r h_u) . w_s[r] + (W_r h_v) . w_t[r])``, normalised over ``v``'s
 incoming edges by DGL's ``edge_softmax``; ``h_v' = sum a * m`` (plus ``W_0 h_v``, the
-node's own term, by default). The per-edge products go through DGL's ``TypedLinear``
-(one segment GEMM over the edges grouped by relation on the whole graph), the
-aggregation through DGL's ``update_all``: DGL's primitives, so plugins see them. This
-is the plain form, one message and two products per edge; computing each message
-once per (source, relation) and the attention from ``W_r w_s[r]`` are the ``hector``
-plugin's optimizations.
+node's own term, by default). The products go through DGL's ``TypedLinear`` /
+``segment_mm`` (one segment GEMM over rows grouped by relation on the whole graph),
+the aggregation through DGL's ``update_all``: DGL's primitives, so plugins see them.
+
+The plain form computes one message and two products per edge. Hector's two
+optimizations are options, each giving the same result:
+
+* ``compact`` (compact materialization): ``W_r h_u`` depends only on the pair
+  (u, r), so it is computed once per pair that has an edge, and the aggregation
+  runs on a graph from those pairs to the destinations (``u_mul_e``: no per-edge
+  message tensor); likewise ``W_r h_v`` per (destination, relation) pair;
+* ``reorder`` (linear operator reordering): ``(W_r h_v) . w_t[r] = h_v . (W_r w_t[r])``,
+  so the target term is a product with the per-relation vectors ``W_r w_t[r]``,
+  ``heads`` columns wide, instead of a ``heads x out`` wide GEMM.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +43,59 @@ class RGATOptions:
     negative_slope: float = option(0.2, "LeakyReLU slope of the attention scores", min=0.0)
     self_loop: bool = option(True, "the node's own term W_0 h_v")
     dropout: float = option(0.0, "dropout on every layer's input but the first", min=0.0, max=1.0)
+    compact: bool = option(
+        False,
+        "compute each message once per (node, relation) pair instead of once per edge "
+        "(Hector's compact materialization; the same result, fewer rows)",
+    )
+    reorder: bool = option(
+        False,
+        "attention's target term from the per-relation vectors W_r w_t[r] (Hector's linear "
+        "operator reordering; the same result, a narrower product)",
+    )
+
+
+class Pairs:
+    """The distinct (node, relation) pairs of a graph's edges at one end, sorted by relation
+    (so typed products take the segment path), and each edge's pair."""
+
+    def __init__(self, ends: torch.Tensor, etype: torch.Tensor, num_nodes: int, relations: int):
+        key = etype.long() * num_nodes + ends.long()
+        unique, self.of_edge = torch.unique(key, return_inverse=True)
+        self.node, self.rel = unique % num_nodes, unique // num_nodes
+        self.lengths = torch.bincount(self.rel, minlength=relations).cpu()
+
+    def __len__(self) -> int:
+        return len(self.node)
+
+
+class CompactIndex:
+    """What compact materialization needs of one graph, computed once per graph: the source
+    and destination pairs, and the graph from source pairs to destinations whose edges are
+    the graph's edges in order."""
+
+    def __init__(self, graph: Any, etype: torch.Tensor, relations: int) -> None:
+        dgl = import_dgl()
+        src, dst = graph.edges()
+        self.src = Pairs(src, etype, graph.num_src_nodes(), relations)
+        self.dst = Pairs(dst, etype, graph.num_dst_nodes(), relations)
+        self.to_dst = dgl.heterograph(
+            {("pair", "to", "node"): (self.src.of_edge, dst)},
+            num_nodes_dict={"pair": len(self.src), "node": graph.num_dst_nodes()},
+            device=src.device,
+        )
+
+
+_INDEXES: weakref.WeakKeyDictionary[Any, CompactIndex] = weakref.WeakKeyDictionary()
+
+
+def compact_index(graph: Any, etype: torch.Tensor, relations: int) -> CompactIndex:
+    """The graph's ``CompactIndex``, kept while the graph lives (full-graph training reuses
+    one graph every epoch)."""
+    index = _INDEXES.get(graph)
+    if index is None:
+        index = _INDEXES[graph] = CompactIndex(graph, etype, relations)
+    return index
 
 
 class RGATConv(nn.Module):
@@ -47,11 +109,15 @@ class RGATConv(nn.Module):
         num_etypes: int,
         negative_slope: float,
         self_loop: bool,
+        compact: bool = False,
+        reorder: bool = False,
     ) -> None:
         super().__init__()
         import_dgl()
         from dgl.nn import TypedLinear
 
+        self.compact, self.reorder = compact, reorder
+        self.num_etypes = num_etypes
         self.heads, self.out_feats = heads, out_feats
         self.linear_r = TypedLinear(in_feats, heads * out_feats, num_etypes)
         self.attn_src = nn.Parameter(torch.empty(num_etypes, heads, out_feats))
@@ -64,23 +130,76 @@ class RGATConv(nn.Module):
 
     def forward(self, graph: Any, h: torch.Tensor, etype: torch.Tensor, presorted: bool) -> Any:
         """``(destinations, heads, out_feats)``."""
-        import dgl.function as fn
-        from dgl.nn.functional import edge_softmax
-
-        src, dst = graph.edges()
         h_dst = h[: graph.num_dst_nodes()] if graph.is_block else h
         shape = (-1, self.heads, self.out_feats)
-        with graph.local_scope():
-            msg = self.linear_r(h[src.long()], etype, presorted).view(shape)
-            target = self.linear_r(h_dst[dst.long()], etype, presorted).view(shape)
-            score = (msg * self.attn_src[etype]).sum(-1) + (target * self.attn_dst[etype]).sum(-1)
-            score = F.leaky_relu(score, self.negative_slope)  # (E, heads)
-            graph.edata["m"] = msg * edge_softmax(graph, score).unsqueeze(-1)
-            graph.update_all(fn.copy_e("m", "m"), fn.sum("m", "h"))
-            out = graph.dstdata["h"]
+        if self.compact:
+            out = self._compact(graph, h, h_dst, etype)
+        else:
+            out = self._per_edge(graph, h, h_dst, etype, presorted)
         if self.self_loop is not None:
             out = out + self.self_loop(h_dst).view(shape)
         return out
+
+    def _target_weights(self) -> torch.Tensor:
+        """``W_r w_t[r]`` per relation and head: (relations, in, heads)."""
+        w = self.linear_r.get_weight().view(self.num_etypes, -1, self.heads, self.out_feats)
+        return torch.einsum("rihd,rhd->rih", w, self.attn_dst)
+
+    def _per_edge(
+        self, graph: Any, h: torch.Tensor, h_dst: torch.Tensor, etype: torch.Tensor, presorted: bool
+    ) -> Any:
+        import dgl.function as fn
+        from dgl.nn.functional import edge_softmax
+        from dgl.ops import gather_mm, segment_mm
+
+        src, dst = graph.edges()
+        shape = (-1, self.heads, self.out_feats)
+        msg = self.linear_r(h[src.long()], etype, presorted).view(shape)
+        if self.reorder:
+            x, w = h_dst[dst.long()], self._target_weights()
+            if presorted:
+                lengths = torch.bincount(etype, minlength=self.num_etypes).cpu()
+                target_score = segment_mm(x, w, seglen_a=lengths)
+            else:
+                target_score = gather_mm(x, w, idx_b=etype)
+        else:
+            target = self.linear_r(h_dst[dst.long()], etype, presorted).view(shape)
+            target_score = (target * self.attn_dst[etype]).sum(-1)
+        score = F.leaky_relu(
+            (msg * self.attn_src[etype]).sum(-1) + target_score, self.negative_slope
+        )  # (E, heads)
+        with graph.local_scope():
+            graph.edata["m"] = msg * edge_softmax(graph, score).unsqueeze(-1)
+            graph.update_all(fn.copy_e("m", "m"), fn.sum("m", "h"))
+            return graph.dstdata["h"]
+
+    def _compact(
+        self, graph: Any, h: torch.Tensor, h_dst: torch.Tensor, etype: torch.Tensor
+    ) -> Any:
+        import dgl.function as fn
+        from dgl.nn.functional import edge_softmax
+        from dgl.ops import segment_mm
+
+        index = compact_index(graph, etype, self.num_etypes)
+        src, dst = index.src, index.dst
+        shape = (-1, self.heads, self.out_feats)
+        msg = self.linear_r(h[src.node], src.rel, True).view(shape)  # one row per pair
+        source_score = (msg * self.attn_src[src.rel]).sum(-1)
+        if self.reorder:
+            target_score = segment_mm(h_dst[dst.node], self._target_weights(), seglen_a=dst.lengths)
+        else:
+            target = self.linear_r(h_dst[dst.node], dst.rel, True).view(shape)
+            target_score = (target * self.attn_dst[dst.rel]).sum(-1)
+        score = F.leaky_relu(
+            source_score[src.of_edge] + target_score[dst.of_edge], self.negative_slope
+        )  # (E, heads), edges in the graph's order
+        attention = edge_softmax(graph, score).unsqueeze(-1)
+        to_dst = index.to_dst
+        with to_dst.local_scope():
+            to_dst.srcdata["m"] = msg
+            to_dst.edata["a"] = attention
+            to_dst.update_all(fn.u_mul_e("m", "a", "x"), fn.sum("x", "h"))
+            return to_dst.dstdata["h"]
 
 
 class RGAT(RelationalModel):
@@ -104,6 +223,8 @@ class RGAT(RelationalModel):
                     relations.num_etypes,
                     options.negative_slope,
                     options.self_loop,
+                    compact=options.compact,
+                    reorder=options.reorder,
                 )
             )
             width = out * heads
