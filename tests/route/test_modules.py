@@ -226,6 +226,15 @@ CASES: dict[str, Case] = {
         lambda m, g, t: m(g, t["x"], g.edata["etype"], presorted=True),
         reads_host=True,
     ),
+    "qtrain-RGATConv-compact-reorder": Case(  # with Hector's two optimizations
+        lambda: RGATConv(
+            12, 4, 2, num_etypes=3, negative_slope=0.2, self_loop=True, compact=True, reorder=True
+        ),
+        _sorted_typed_graph,
+        _nodes(),
+        lambda m, g, t: m(g, t["x"], g.edata["etype"], presorted=True),
+        reads_host=True,
+    ),
     "HeteroGraphConv": Case(
         lambda: dglnn.HeteroGraphConv(
             {
