@@ -5,4 +5,4 @@ Importing this package registers each built-in plugin with
 entry-point group instead.
 """
 
-from qtrain.plugins import exact, tango, trace  # noqa: F401  (registers the plugins)
+from qtrain.plugins import exact, hector, tango, trace  # noqa: F401  (registers the plugins)

@@ -170,6 +170,7 @@ class Patcher:
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self._replacements: list[_Replacement] = []
+        self._attributes: list[_Replacement] = []  # namespace holds (owner,), key the name
         self._modes: list[TorchFunctionMode] = []
 
     @staticmethod
@@ -209,6 +210,15 @@ class Patcher:
             )
         return changed
 
+    def replace_attribute(self, owner: type, name: str, replacement: Any) -> None:
+        """Set ``owner.name`` (a class's method, say DGL's ``HGTConv.forward``) to
+        ``replacement`` until :meth:`restore`; the attribute must be the owner's own."""
+        if name not in vars(owner):
+            raise PluginError(f"plugin {self.owner!r}: {owner.__qualname__} has no own {name!r}")
+        original = vars(owner)[name]
+        setattr(owner, name, replacement)
+        self._attributes.append(_Replacement({"owner": owner}, name, original, replacement))
+
     def dense(self, handler: DenseHandler) -> None:
         """Send dense products to ``handler(kind, func, args, kwargs)`` while active."""
         self.functions(DENSE_FUNCTIONS, handler)
@@ -223,6 +233,18 @@ class Patcher:
         """Undo this patcher's changes, newest first."""
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
+        while self._attributes:
+            r = self._attributes.pop()
+            owner = r.namespace["owner"]
+            if vars(owner).get(r.key) is r.replacement:
+                setattr(owner, r.key, r.original)
+            else:
+                warnings.warn(
+                    f"plugin {self.owner!r}: {owner.__qualname__}.{r.key} was changed by "
+                    "someone else while patched; left as it is",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         while self._replacements:
             r = self._replacements.pop()
             if r.namespace.get(r.key) is r.replacement:

@@ -4,6 +4,7 @@ are for the bench to measure, but the saved bytes are deterministic and are chec
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,16 +27,48 @@ def hector() -> Any:
 def test_a_small_run_records_every_variant(hector: Any, tmp_path: Path) -> None:
     out = tmp_path / "hector.json"
     argv = ["--presets", "aifb", "--max-edges", "3000", "--repeat", "1", "--threads", "1"]
+    argv += ["--accuracy-seeds", "0", "--no-pyg"]
     assert hector.main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     aifb = result["presets"]["aifb"]
     assert (aifb["edges"], aifb["relations"], aifb["node_types"]) == (3000, 104, 7)
     rgat = aifb["models"]["rgat"]
-    assert set(rgat) == {"plain", "compact", "reorder", "compact+reorder"}
-    assert set(aifb["models"]["rgcn"]) == {"dgl"} and set(aifb["models"]["hgt"]) == {"dgl"}
-    for row in rgat.values():
+    assert set(rgat) == {"plain", "compact", "reorder", "compact+reorder", "hector"}
+    rgcn, hgt = aifb["models"]["rgcn"], aifb["models"]["hgt"]
+    assert set(rgcn) == {"dgl", "typed_gemm", "compact", "hector"}
+    assert set(hgt) == {"dgl", "typed_gemm", "compact", "compact+reorder", "hector"}
+    for row in [*rgat.values(), *rgcn.values(), *hgt.values()]:
         assert row["train_ms"] > 0 and row["inference_ms"] > 0 and row["train_iqr_ms"] >= 0
+    # the plugin's compaction saves fewer bytes for backward than DGL's per-edge messages
+    assert rgcn["compact"]["saved_ratio"] > 1.0 and hgt["compact"]["saved_ratio"] > 1.0
+    assert set(result["bars"]) == {"rgcn", "rgat", "hgt"}
+    for bar in result["bars"].values():
+        assert bar["train_geomean"] > 0 and bar["met"] == (bar["train_geomean"] >= bar["bar"])
     # compaction and reordering save fewer bytes for backward than the per-edge form
     assert rgat["plain"]["saved_ratio"] == 1.0
     assert rgat["compact"]["saved_ratio"] > 1.0 and rgat["reorder"]["saved_ratio"] > 1.0
     assert rgat["compact+reorder"]["saved_ratio"] > rgat["compact"]["saved_ratio"]
+
+
+def test_the_accuracy_check_compares_fp32_hector_and_tango(hector: Any) -> None:
+    checked = hector.accuracy(["rgcn"], seeds=1, epochs=2)["rgcn"]
+    assert set(checked["variants"]) == {"fp32", "hector", "hector+tango"}
+    rows = checked["variants"]
+    # hector changes no number: its accuracy is FP32's
+    assert rows["hector"]["test_accuracy"] == pytest.approx(rows["fp32"]["test_accuracy"])
+    drop = rows["fp32"]["test_accuracy"] - rows["hector+tango"]["test_accuracy"]
+    assert checked["tango_drop"] == pytest.approx(drop)
+    assert checked["met"] == (drop <= hector.ACCURACY_DROP)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_geometric") is None,
+    reason="PyG is optional: bench/hector.py measures it where a user installed it",
+)
+def test_pyg_layers_take_the_same_graph(hector: Any, tmp_path: Path) -> None:
+    out = tmp_path / "hector.json"
+    argv = ["--presets", "aifb", "--max-edges", "2000", "--repeat", "1", "--threads", "1"]
+    argv += ["--accuracy-seeds", "0", "--models", "rgcn", "hgt", "--json", str(out)]
+    assert hector.main(argv) == 0
+    models = json.loads(out.read_text())["presets"]["aifb"]["models"]
+    assert "pyg" in models["rgcn"] and "pyg" in models["hgt"]

@@ -157,3 +157,24 @@ def test_a_crash_from_an_own_cxx_runtime_is_named(monkeypatch: pytest.MonkeyPatc
     assert found is not None
     assert re.search(r"crashed \(SIGSEGV\).*its own copy of the C\+\+ runtime", found), found
     assert "libstdc++.so" in found and "/usr/bin/g++" in found
+
+
+def test_every_package_folder_is_installed() -> None:
+    """A wheel holds only the packages pyproject lists: a folder left out is missing for
+    every user who installs qtrain without ``-e`` (qtrain.route and qtrain.compare once were)."""
+    from qtrain.recipe import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        "qtrain." + ".".join(p.parent.relative_to(ROOT / "qtrain").parts)
+        for p in (ROOT / "qtrain").rglob("__init__.py")
+    } | {
+        "qtrain.plugins." + ".".join(p.parent.relative_to(ROOT / "plugins").parts)
+        for p in (ROOT / "plugins").rglob("__init__.py")
+    }
+    folders = {name.rstrip(".") for name in folders}
+    assert folders == listed, (
+        f"not installed: {sorted(folders - listed)}; gone: {sorted(listed - folders)}"
+    )

@@ -293,5 +293,5 @@ def test_the_builtin_plugins_load_from_a_checkout_that_is_not_installed() -> Non
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "'exact', 'tango', 'trace'" in done.stdout
+    assert "'exact', 'hector', 'tango', 'trace'" in done.stdout
     assert done.stdout.strip().endswith(str(root / "plugins" / "tango" / "functions.py"))

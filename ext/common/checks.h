@@ -215,5 +215,42 @@ inline void row_index(const char* fn, const at::Tensor& t) {
                    t.sizes());
 }
 
+// ---------------------------------------------------------------- segment GEMM (segment_matmul*)
+
+// A dense 2-d floating-point operand: float32, float64, float16 or bfloat16.
+inline void float_matrix(const char* fn, const char* name, const at::Tensor& t) {
+  dense(fn, name, t);
+  const at::ScalarType s = t.scalar_type();
+  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kDouble || s == at::kHalf || s == at::kBFloat16,
+                   fn, ": ", name, " must be float32, float64, float16 or bfloat16, got ",
+                   dtype_name(s));
+  TORCH_CHECK_VALUE(t.dim() == 2, fn, ": ", name, " must be 2-d, got shape ", t.sizes());
+}
+
+// t has the dtype of `first` (named `first_name`).
+inline void same_dtype(const char* fn, const char* name, const at::Tensor& t,
+                       const char* first_name, const at::Tensor& first) {
+  TORCH_CHECK_TYPE(t.scalar_type() == first.scalar_type(), fn, ": ", name, " must be ",
+                   dtype_name(first.scalar_type()), " (the dtype of ", first_name, "), got ",
+                   dtype_name(t.scalar_type()));
+}
+
+// Segment offsets: a dense 1-d int64 tensor of R + 1 >= 1 elements, on the CPU whatever
+// the operands' device (the host loop reads them without waiting for a GPU, as DGL's
+// seglen). Returns R. Their values (0 first, non-decreasing, N last) are the kernels'
+// to check (common/segment_matmul.h), which read them.
+inline int64_t segment_offsets(const char* fn, const at::Tensor& offsets) {
+  dense(fn, "offsets", offsets);
+  dtype(fn, "offsets", offsets, at::kLong);
+  TORCH_CHECK_VALUE(offsets.dim() == 1 && offsets.numel() >= 1, fn,
+                    ": offsets must be 1-d with R + 1 >= 1 elements, got shape ",
+                    offsets.sizes());
+  TORCH_CHECK_VALUE(offsets.device().is_cpu(), fn,
+                    ": offsets must be on the CPU (read by the host loop without a device "
+                    "sync), got ",
+                    offsets.device());
+  return offsets.numel() - 1;
+}
+
 }  // namespace checks
 }  // namespace qtrain

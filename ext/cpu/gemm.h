@@ -1,6 +1,8 @@
 // The CPU INT8 GEMM as a C++ function: the int8_gemm op's CPU kernel
 // (cpu/int8_gemm_kernel.cpp), which quantized_gemm's CPU kernel
-// (cpu/quantized_gemm_kernel.cpp) calls directly rather than through the dispatcher.
+// (cpu/quantized_gemm_kernel.cpp) calls directly rather than through the dispatcher, and
+// its variant into a given output, which int8_segment_gemm's CPU kernel
+// (cpu/int8_segment_gemm_kernel.cpp) calls once per segment.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +19,13 @@ namespace cpu {
 // (ops/int8_gemm.cpp) has checked them: int8 2-d CPU tensors, any strides.
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
                      c10::string_view layout, const std::optional<at::Tensor>& bias);
+
+// int8_gemm written into `out`, a contiguous float32 [M, N] CPU tensor (a slice of a larger
+// output may be one: int8_segment_gemm's kernel, cpu/int8_segment_gemm_kernel.cpp). The same
+// kernels and the same bits as int8_gemm, which allocates `out` and calls this.
+void int8_gemm_out(const at::Tensor& qa, const at::Tensor& qb, double scale,
+                   c10::string_view layout, const std::optional<at::Tensor>& bias,
+                   const at::Tensor& out);
 
 }  // namespace cpu
 }  // namespace qtrain

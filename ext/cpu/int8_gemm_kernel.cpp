@@ -756,16 +756,18 @@ void gemm_family(const Problem& p) {
 
 namespace cpu {
 
-at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
-                     c10::string_view layout, const std::optional<at::Tensor>& bias_in) {
+void int8_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
+                   c10::string_view layout, const std::optional<at::Tensor>& bias_in,
+                   const at::Tensor& out) {
   const char lay = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
   const int64_t M = lay == 'T' ? qa_in.size(1) : qa_in.size(0);
   const int64_t K = lay == 'T' ? qa_in.size(0) : qa_in.size(1);
   const int64_t N = lay == 't' ? qb_in.size(0) : qb_in.size(1);
+  TORCH_INTERNAL_ASSERT(out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                        out.dim() == 2 && out.size(0) == M && out.size(1) == N);
+  if (M == 0 || N == 0) return;
   at::Tensor bias;
   if (bias_in.has_value() && bias_in->defined()) bias = bias_in->to(at::kFloat).contiguous();
-  at::Tensor out = at::empty({M, N}, qa_in.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return out;
   const at::Tensor qa = qa_in.contiguous();
   const at::Tensor qb = qb_in.contiguous();
 
@@ -779,23 +781,32 @@ at::Tensor int8_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in, double sc
   p.scale = static_cast<float>(scale);
   p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
   p.out = out.mutable_data_ptr<float>();
-  advise_huge_pages(p.out, static_cast<size_t>(M * N) * sizeof(float));
 #if QT_X86_DISPATCH
   switch (isa::variant()) {
     case isa::kAvx512Vnni:
       gemm_family<Vnni>(p);
-      return out;
+      return;
     case isa::kAvx512:
       gemm_family<Avx512>(p);
-      return out;
+      return;
     case isa::kAvx2:
       gemm_family<Avx2>(p);
-      return out;
+      return;
     default:
       break;
   }
 #endif
   gemm_family<Portable>(p);
+}
+
+at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
+                     c10::string_view layout, const std::optional<at::Tensor>& bias) {
+  const char lay = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
+  const int64_t M = lay == 'T' ? qa.size(1) : qa.size(0);
+  const int64_t N = lay == 't' ? qb.size(0) : qb.size(1);
+  at::Tensor out = at::empty({M, N}, qa.options().dtype(at::kFloat));
+  advise_huge_pages(out.mutable_data_ptr<float>(), static_cast<size_t>(M * N) * sizeof(float));
+  int8_gemm_out(qa, qb, scale, layout, bias, out);
   return out;
 }
 

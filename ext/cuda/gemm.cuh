@@ -1,4 +1,5 @@
-// What the CUDA GEMM ops share (int8_gemm_kernel.cu, quantized_gemm_kernel.cu): INT8
+// What the CUDA GEMM ops share (int8_gemm_kernel.cu, quantized_gemm_kernel.cu, and
+// int8_segment_gemm_kernel.cu, which runs run_gemm once per segment): INT8
 // GEMM on tensor cores with the dequantization (and bias) fused into the epilogue, and
 // its quantizing variant; the references are qtrain/ops/gemm.py (reference_int8_gemm,
 // reference_quantized_gemm), the CPU twins cpu/int8_gemm_kernel.cpp and
@@ -91,7 +92,7 @@ struct Epilogue {
   rng::Keys keys;
   uint64_t offset_a;
   const float* bias;         // [N] or null
-  float* out;                // [M, N]
+  float* out;                // [M, N], contiguous, 4-byte aligned (a slice of a larger output)
   unsigned long long* ws;    // split-K int64 workspace [M, N], or null
   uint32_t* absmax_out;      // bit-pattern max of |C|, or null
 };
@@ -389,7 +390,9 @@ __global__ void __launch_bounds__(NT, 2)
             f0 = __fadd_rn(f0, b0);
             f1 = __fadd_rn(f1, b1);
           }
-          if (two && (at & 1) == 0) {
+          // a pair store where it is 8-byte aligned: ep.out may be a slice of a larger
+          // output at any float (int8_segment_gemm's segments)
+          if (two && (reinterpret_cast<uintptr_t>(ep.out + at) & 7u) == 0) {
             *reinterpret_cast<float2*>(ep.out + at) = make_float2(f0, f1);
           } else {
             ep.out[at] = f0;

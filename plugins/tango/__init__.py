@@ -29,6 +29,7 @@ from qtrain.plugins.tango.calibrate import DEFAULT_TARGET, calibrate_model
 from qtrain.plugins.tango.functions import (
     QuantEdgeToNode,
     QuantSDDMM,
+    QuantSegmentMM,
     QuantSpMM,
     inside_kernel,
     quant_linear,
@@ -39,6 +40,7 @@ from qtrain.config import option
 from qtrain.errors import PluginError
 from qtrain.ops import dispatch
 from qtrain.ops.graph import graph_csr
+from qtrain.ops.typed import RowsByType, offsets_from_lengths
 from qtrain.plugin import (
     Calibration,
     Patcher,
@@ -142,6 +144,8 @@ class TangoPlugin(Plugin):
         patcher.wrap("gspmm", self._patched_gspmm)
         patcher.wrap("gsddmm", self._patched_gsddmm)
         patcher.wrap("edge_softmax", self._fp32_counted("edge_softmax"))
+        patcher.wrap("segment_mm", self._patched_segment_mm)
+        patcher.wrap("gather_mm", self._patched_gather_mm)
         patcher.dense(self._on_dense)
 
     def deactivate(self) -> None:
@@ -296,6 +300,50 @@ class TangoPlugin(Plugin):
 
         gsddmm.__wrapped__ = original  # type: ignore[attr-defined]
         return gsddmm
+
+    # ------------------------------------------------------------ typed GEMM
+
+    def _typed_why_not(self, a: Any, b: Any) -> str | None:
+        """Why a typed product (``segment_mm`` / ``gather_mm``) must stay float32, or None."""
+        if self.fp32.active:
+            return "output layer (fp32_before_softmax)"
+        if not float32_on(_DEVICES, a, b) or a.dim() != 2 or b.dim() != 3:
+            return "operand not a float32 [N, K] x [R, K, M] pair on a supported device"
+        return None
+
+    def _typed(self, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> Any:
+        policy = self.policy
+        assert policy is not None
+        return QuantSegmentMM.apply(policy, a, b, offsets)
+
+    def _patched_segment_mm(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def segment_mm(a: Any, b: Any, seglen_a: Any) -> Any:
+            why = self._typed_why_not(a, b)
+            if why is None:
+                try:
+                    return self._typed(a, b, offsets_from_lengths(torch.as_tensor(seglen_a)))
+                except NonFiniteOperand:
+                    why = NON_FINITE
+            self._fallback("segment_gemm", why)
+            return original(a, b, seglen_a)
+
+        segment_mm.__wrapped__ = original  # type: ignore[attr-defined]
+        return segment_mm
+
+    def _patched_gather_mm(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def gather_mm(a: Any, b: Any, *, idx_b: Any) -> Any:
+            why = self._typed_why_not(a, b)
+            if why is None:
+                rows = RowsByType(idx_b, b.shape[0])
+                try:
+                    return rows.restore(self._typed(rows.group(a), b, rows.offsets))
+                except NonFiniteOperand:
+                    why = NON_FINITE
+            self._fallback("segment_gemm", why)
+            return original(a, b, idx_b=idx_b)
+
+        gather_mm.__wrapped__ = original  # type: ignore[attr-defined]
+        return gather_mm
 
     # ------------------------------------------------------------ dense
 

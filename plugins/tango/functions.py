@@ -25,6 +25,7 @@ from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import GraphCSR
 from qtrain.ops.sparse import qsddmm, qspmm
+from qtrain.ops.typed import int8_segment_gemm
 from qtrain.quant.quantize import dequantize
 
 _state = threading.local()
@@ -185,6 +186,53 @@ def quant_linear(
     lead = x.shape[:-1]
     out = QuantLinear.apply(policy, x.reshape(-1, x.shape[-1]), w, bias, linear)
     return out.reshape(*lead, out.shape[-1])
+
+
+# ---------------------------------------------------------------- typed GEMM
+
+
+class QuantSegmentMM(torch.autograd.Function):
+    """``x [N, K]`` times ``w[r] [K, M]`` for the rows of segment r (DGL's ``segment_mm``,
+    every typed linear layer's product), INT8 with per-tensor scales: one segment GEMM
+    forward (``nn``) and two backward (``nt`` for dx, ``tn`` for dW)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, policy: QuantPolicy, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor
+    ) -> torch.Tensor:  # type: ignore[override]
+        qx, sx = _operand(policy, x)
+        qw, sw = _operand(policy, w)
+        out = int8_segment_gemm(qx, qw, offsets, sx, sw, "nn", policy.backend)
+        _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), (offsets,))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return _backward(
+            ctx, grad, "segment_gemm", QuantSegmentMM._grads, QuantSegmentMM._fp32_grads
+        )
+
+    @staticmethod
+    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        stored, (offsets,) = _unpacked(ctx)
+        (qx, sx), (qw, sw) = _operands(ctx, stored)
+        policy: QuantPolicy = ctx.policy
+        qg, sg = policy.fresh(grad.contiguous())
+        dx = dw = None
+        if ctx.needs_input_grad[1]:
+            dx = int8_segment_gemm(qg, qw, offsets, sg, sw, "nt", policy.backend)
+        if ctx.needs_input_grad[2]:
+            dw = int8_segment_gemm(qx, qg, offsets, sx, sg, "tn", policy.backend)
+        return None, dx, dw, None
+
+    @staticmethod
+    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        x, w = _floats(ctx)
+        _, (offsets,) = _unpacked(ctx)
+        ops = torch.ops.qtrain
+        dx = ops.segment_matmul(grad, offsets, w, True) if ctx.needs_input_grad[1] else None
+        dw = ops.segment_matmul_tn(x, offsets, grad) if ctx.needs_input_grad[2] else None
+        return None, dx, dw, None
 
 
 # ---------------------------------------------------------------- SpMM

@@ -21,7 +21,6 @@ optimizations are options, each giving the same result:
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ from torch import nn
 from qtrain._compat import import_dgl
 from qtrain.config import option
 from qtrain.data.base import Relations
+from qtrain.models.compact import compact_index
 from qtrain.models.relational import RelationalModel
 
 
@@ -53,49 +53,6 @@ class RGATOptions:
         "attention's target term from the per-relation vectors W_r w_t[r] (Hector's linear "
         "operator reordering; the same result, a narrower product)",
     )
-
-
-class Pairs:
-    """The distinct (node, relation) pairs of a graph's edges at one end, sorted by relation
-    (so typed products take the segment path), and each edge's pair."""
-
-    def __init__(self, ends: torch.Tensor, etype: torch.Tensor, num_nodes: int, relations: int):
-        key = etype.long() * num_nodes + ends.long()
-        unique, self.of_edge = torch.unique(key, return_inverse=True)
-        self.node, self.rel = unique % num_nodes, unique // num_nodes
-        self.lengths = torch.bincount(self.rel, minlength=relations).cpu()
-
-    def __len__(self) -> int:
-        return len(self.node)
-
-
-class CompactIndex:
-    """What compact materialization needs of one graph, computed once per graph: the source
-    and destination pairs, and the graph from source pairs to destinations whose edges are
-    the graph's edges in order."""
-
-    def __init__(self, graph: Any, etype: torch.Tensor, relations: int) -> None:
-        dgl = import_dgl()
-        src, dst = graph.edges()
-        self.src = Pairs(src, etype, graph.num_src_nodes(), relations)
-        self.dst = Pairs(dst, etype, graph.num_dst_nodes(), relations)
-        self.to_dst = dgl.heterograph(
-            {("pair", "to", "node"): (self.src.of_edge, dst)},
-            num_nodes_dict={"pair": len(self.src), "node": graph.num_dst_nodes()},
-            device=src.device,
-        )
-
-
-_INDEXES: weakref.WeakKeyDictionary[Any, CompactIndex] = weakref.WeakKeyDictionary()
-
-
-def compact_index(graph: Any, etype: torch.Tensor, relations: int) -> CompactIndex:
-    """The graph's ``CompactIndex``, kept while the graph lives (full-graph training reuses
-    one graph every epoch)."""
-    index = _INDEXES.get(graph)
-    if index is None:
-        index = _INDEXES[graph] = CompactIndex(graph, etype, relations)
-    return index
 
 
 class RGATConv(nn.Module):

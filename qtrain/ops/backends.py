@@ -39,16 +39,18 @@ _cache: dict[str, tuple[ModuleType | None, str | None]] = {}
 
 
 def _import_library() -> tuple[ModuleType | None, str | None]:
-    """(the library, None) or (None, why not); its ops' fake kernels registered once."""
+    """(the library, None) or (None, why not); its ops' fake kernels and the autograd of
+    the differentiable ones (qtrain/ops/autograd.py) registered once."""
     try:
         import torch  # noqa: F401  (the library links against libtorch)
 
         if importlib.util.find_spec(MODULE) is None:
             return None, f"not built: no module {MODULE}; {BUILD_HINT}"
         module = importlib.import_module(MODULE)
-        from qtrain.ops import fakes
+        from qtrain.ops import autograd, fakes
 
         fakes.register()
+        autograd.register_autograd()
     except Exception as exc:  # a broken build (ABI, undefined symbol) must not crash qtrain
         return None, f"import of {MODULE} failed: {type(exc).__name__}: {exc}"
     return module, None

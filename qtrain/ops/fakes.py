@@ -173,6 +173,24 @@ def keep_mask_rows(ids: Tensor, width: int, threshold: int, seed: int = 0) -> Te
     return _empty((_packed_bytes(ids.shape[0] * width, 1),), torch.uint8, ids)
 
 
+def segment_matmul(
+    x: Tensor, offsets: Tensor, weight: Tensor, transpose_weight: bool = False
+) -> Tensor:
+    return _empty((x.shape[0], weight.shape[1 if transpose_weight else 2]), x.dtype, x)
+
+
+def segment_matmul_tn(x: Tensor, offsets: Tensor, grad: Tensor) -> Tensor:
+    return _empty((offsets.shape[0] - 1, x.shape[1], grad.shape[1]), x.dtype, x)
+
+
+def int8_segment_gemm(qa: Tensor, qb: Tensor, offsets: Tensor, scale: float, layout: str) -> Tensor:
+    if layout == "tn":
+        shape = (offsets.shape[0] - 1, qa.shape[1], qb.shape[1])
+    else:
+        shape = (qa.shape[0], qb.shape[2] if layout == "nn" else qb.shape[1])
+    return _empty(shape, torch.float32, qa)
+
+
 # every op of the library, by name: a test checks that the library defines exactly these
 FAKES: dict[str, Callable[..., Any]] = {
     fn.__name__: fn
@@ -194,6 +212,9 @@ FAKES: dict[str, Callable[..., Any]] = {
         masked_scale,
         fill_rademacher,
         keep_mask_rows,
+        segment_matmul,
+        segment_matmul_tn,
+        int8_segment_gemm,
     )
 }
 

@@ -55,6 +55,8 @@ QUANTIZED_BACKENDS = frozenset({"ext-cpu", "ext-cuda", "reference"})
 # qtrain kernel (``qtrain.ops.dispatch`` primitive) -> table row
 KERNELS = {
     "gemm": "GEMM",
+    "segment_matmul": "GEMM",
+    "int8_segment_gemm": "GEMM",
     "spmm": "SpMM",
     "sddmm": "SDDMM",
     "quantize": "quantize",

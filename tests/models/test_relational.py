@@ -259,7 +259,7 @@ def test_hectors_optimizations_give_the_plain_rgat(compact: bool, reorder: bool,
 
 def test_compact_materialization_computes_a_message_per_pair_not_per_edge() -> None:
     """The hub author writes six papers: its messages exist once per relation it uses."""
-    from qtrain.models.rgat import compact_index
+    from qtrain.models.compact import compact_index
 
     data = relational_dataset()
     graph, etype = data.graph, data.graph.edata[ETYPE]

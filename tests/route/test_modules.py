@@ -235,6 +235,20 @@ CASES: dict[str, Case] = {
         lambda m, g, t: m(g, t["x"], g.edata["etype"], presorted=True),
         reads_host=True,
     ),
+    "RelGraphConv-hector": Case(  # the hector plugin: compact pairs, segment GEMM op
+        lambda: dglnn.RelGraphConv(12, 7, num_rels=3),
+        _sorted_typed_graph,
+        _nodes(),
+        lambda m, g, t: _under_hector(lambda: m(g, t["x"], g.edata["etype"], presorted=True)),
+        reads_host=True,
+    ),
+    "HGTConv-hector": Case(  # and HGT's keys and messages from products of weights
+        lambda: dglnn.HGTConv(12, 4, num_heads=2, num_ntypes=2, num_etypes=3),
+        _typed_graph,
+        _nodes(),
+        lambda m, g, t: _under_hector(lambda: m(g, t["x"], g.ndata["ntype"], g.edata["etype"])),
+        reads_host=True,
+    ),
     "HeteroGraphConv": Case(
         lambda: dglnn.HeteroGraphConv(
             {
@@ -261,6 +275,15 @@ CASES: dict[str, Case] = {
         lambda m, blocks, t: _block_forward_flat(m, blocks, t),
     ),
 }
+
+
+def _under_hector(forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The forward under the hector plugin (its backward needs no patch: autograd runs the
+    op library's backward and DGL's primitives through the route)."""
+    import qtrain
+
+    with qtrain.patch("hector"):
+        return forward()
 
 
 def _block_forward_flat(
