@@ -43,26 +43,29 @@ def layer(
     where PyG has none measured here."""
     from torch_geometric import nn as pyg
 
+    device = graph.ndata[NTYPE].device  # the features' device (qtrain.to_device)
     src, dst = graph.edges()
-    edge_index = torch.stack([src, dst]).long()
-    etype = graph.edata[ETYPE].long()
+    edge_index = torch.stack([src, dst]).long().to(device)
+    etype = graph.edata[ETYPE].long().to(device)
     if model == "rgcn":
         conv = pyg.RGCNConv(width, width, relations.num_etypes, aggr="add", root_weight=True)
 
         def rgcn(conv: torch.nn.Module, graph: Any, x: torch.Tensor) -> torch.Tensor:
             return conv(x, edge_index, etype)
 
-        return conv, rgcn
+        return conv.to(device), rgcn
     if model != "hgt":
         return None
-    ntype = graph.ndata[NTYPE].long()
+    ntype = graph.ndata[NTYPE].long().cpu()
+    etype, src, dst = etype.cpu(), src.cpu(), dst.cpu()
     counts = torch.bincount(ntype, minlength=relations.num_ntypes).tolist()
     starts = [0, *torch.tensor(counts).cumsum(0).tolist()]
     local = torch.arange(graph.num_nodes()) - torch.tensor(starts[:-1])[ntype]
     edges = {}
     for r, canonical in enumerate(relations.etypes):
         chosen = etype == r
-        edges[canonical] = torch.stack([local[src[chosen].long()], local[dst[chosen].long()]])
+        pair = torch.stack([local[src[chosen].long()], local[dst[chosen].long()]])
+        edges[canonical] = pair.to(device)
     conv = pyg.HGTConv(width, width, (list(relations.ntypes), list(relations.etypes)), heads=1)
 
     def hgt(conv: torch.nn.Module, graph: Any, x: torch.Tensor) -> torch.Tensor:
@@ -74,4 +77,4 @@ def layer(
         ]
         return torch.cat(parts)
 
-    return conv, hgt
+    return conv.to(device), hgt

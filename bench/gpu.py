@@ -21,6 +21,10 @@ this script does everything in order and writes what it has after each stage:
    beside PyG's GCNConv / GATConv / SAGEConv in FP32 and bf16; epoch time, peak GPU
    memory, test accuracy) on synthetic-arxiv (``--quick``), then synthetic-products;
    without DGL this stage fails with the reason;
+6. time one relational layer per model (RGCN, RGAT, HGT; width 64, one head) on graphs
+   shaped like Hector's datasets: DGL's layers and qtrain's RGAT with and without the
+   ``hector`` plugin's options, and PyG's where installed (``bench/hector.py``'s ``run``;
+   needs DGL too);
 
 then prints the issue's bars with PASS / FAIL and writes
 ``bench/results/gpu-<device>-<date>.json`` (or ``--json``) with the exact
@@ -70,7 +74,8 @@ from _record import ROOT, git_commit, write_json
 sys.path.insert(0, str(ROOT))
 
 
-STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e")
+STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e", "hector")
+NEEDS_DGL = ("gpu_e2e", "hector")
 # DGL for the end-to-end stage on a GPU machine without it: `make gpu-wheels` downloads the
 # wheels (dgl's CPU build, what it declares); pip resolves the rest against what is installed.
 # pandas and packaging are what dgl imports without declaring them.
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(path, record)
     failed = False
     for stage in STAGES:
-        if stage == "gpu_e2e" and not with_dgl:
+        if stage in NEEDS_DGL and not with_dgl:
             failed = True
             record["stages"][stage] = {"error": record["stages"]["dgl"]["error"]}
             print(f"{stage}: FAILED {record['stages'][stage]['error']}", file=sys.stderr)

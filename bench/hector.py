@@ -146,7 +146,10 @@ def measure(
     pyg: bool,
     slow_s: float,
 ) -> dict[str, Any]:
-    variants = layers(model, graph, relations, pyg)
+    variants = {
+        name: (layer.to(x.device), plugin, call)
+        for name, (layer, plugin, call) in layers(model, graph, relations, pyg).items()
+    }
 
     def step(name: str) -> Any:
         layer, _, call = variants[name]
@@ -284,6 +287,91 @@ def bars(results: dict[str, Any], models: list[str]) -> dict[str, Any]:
     return out
 
 
+def measure_presets(
+    presets: list[str],
+    models: list[str],
+    max_edges: int,
+    repeat: int,
+    pyg: bool,
+    slow_s: float,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Every model's variants on every preset (scaled to ``max_edges``), printed as measured.
+    Off the CPU the graph goes through ``qtrain.to_device`` (DGL's CPU build: qtrain runs
+    its primitives on the device) and the layers to the device."""
+    results: dict[str, Any] = {}
+    for preset in presets:
+        edges = HECTOR_SHAPES[preset][2]
+        scale = min(1.0, max_edges / edges)
+        data = load_dataset(
+            f"synthetic-{preset}", {"scale": scale, "cache": False, "features": WIDTH}
+        )
+        graph, rel = data.graph, data.relations
+        labels = torch.randint(
+            0, WIDTH, (graph.num_nodes(),), generator=torch.Generator().manual_seed(0)
+        )
+        if device != "cpu":
+            graph, labels = qtrain.to_device(graph, device), labels.to(device)
+        x = graph.ndata[FEAT]
+        entry = {
+            "scale": scale,
+            "nodes": graph.num_nodes(),
+            "edges": graph.num_edges(),
+            "node_types": rel.num_ntypes,
+            "relations": rel.num_etypes,
+            "models": {},
+        }
+        print(
+            f"{preset}: {graph.num_nodes():,} nodes ({rel.num_ntypes} types), "
+            f"{graph.num_edges():,} edges ({rel.num_etypes} relations), scale {scale:.4g}",
+            flush=True,
+        )
+        for model in models:
+            rows = measure(model, graph, x, labels, rel, repeat, pyg, slow_s)
+            entry["models"][model] = rows
+            for name, row in rows.items():
+                ratio = (
+                    f"  vs {BARS[model][1]}: train {row['train_speedup']:.2f}x, inference "
+                    f"{row['inference_speedup']:.2f}x, saved {row['saved_ratio']:.2f}x"
+                )
+                once_only = " (timed once)" if row["train_rounds"] == 1 < repeat else ""
+                print(
+                    f"  {model:4} {name:16} train {row['train_ms']:8.1f} ± {row['train_iqr_ms']:.1f} ms{once_only}"
+                    f"  inference {row['inference_ms']:8.1f} ± {row['inference_iqr_ms']:.1f} ms"
+                    f"  saved {row['saved_mib']:7.1f} MiB{ratio}",
+                    flush=True,
+                )
+        results[preset] = entry
+    return results
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """``bench/gpu.py``'s stage (``make gpu-check``): the same variants on the GPU, one row
+    per model, preset and variant (training time; ratio against the model's baseline)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench/hector.py's GPU stage needs a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # every variant computes float32 products
+    presets = ["aifb", "mutag", "fb15k"] if quick else list(HECTOR_SHAPES)
+    max_edges = 500_000 if quick else 5_000_000
+    pyg = _pyg.available()
+    results = measure_presets(presets, list(BARS), max_edges, 5, pyg, 10.0, "cuda")
+    rows = []
+    for preset, entry in results.items():
+        for model, variants in entry["models"].items():
+            for name, row in variants.items():
+                rows.append(
+                    {
+                        "case": f"hector {model} {preset} {name} train step",
+                        "shape": f"E={entry['edges']} R={entry['relations']}",
+                        "ms": row["train_ms"],
+                        "iqr_ms": row["train_iqr_ms"],
+                        "baseline": BARS[model][1],
+                        "ratio": row["train_speedup"],
+                    }
+                )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -310,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--accuracy-epochs", type=int, default=30)
     parser.add_argument(
+        "--device", default="cpu", help="cuda: through qtrain's device route (bench/gpu.py)"
+    )
+    parser.add_argument(
         "--no-pyg", action="store_true", help="leave PyG out even where it is installed"
     )
     args = parser.parse_args(argv)
@@ -319,50 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     torch.set_num_threads(args.threads)
-
-    results: dict[str, Any] = {}
-    for preset in args.presets:
-        edges = HECTOR_SHAPES[preset][2]
-        scale = min(1.0, args.max_edges / edges)
-        data = load_dataset(
-            f"synthetic-{preset}", {"scale": scale, "cache": False, "features": WIDTH}
-        )
-        graph, rel = data.graph, data.relations
-        x = graph.ndata[FEAT]
-        labels = torch.randint(
-            0, WIDTH, (graph.num_nodes(),), generator=torch.Generator().manual_seed(0)
-        )
-        entry = {
-            "scale": scale,
-            "nodes": graph.num_nodes(),
-            "edges": graph.num_edges(),
-            "node_types": rel.num_ntypes,
-            "relations": rel.num_etypes,
-            "models": {},
-        }
-        print(
-            f"{preset}: {graph.num_nodes():,} nodes ({rel.num_ntypes} types), "
-            f"{graph.num_edges():,} edges ({rel.num_etypes} relations), scale {scale:.4g}",
-            flush=True,
-        )
-        for model in args.models:
-            rows = measure(model, graph, x, labels, rel, args.repeat, pyg, args.slow_s)
-            entry["models"][model] = rows
-            for name, row in rows.items():
-                ratio = (
-                    f"  vs {BARS[model][1]}: train {row['train_speedup']:.2f}x, inference "
-                    f"{row['inference_speedup']:.2f}x, saved {row['saved_ratio']:.2f}x"
-                    if "train_speedup" in row
-                    else ""
-                )
-                once_only = " (timed once)" if row["train_rounds"] == 1 < args.repeat else ""
-                print(
-                    f"  {model:4} {name:16} train {row['train_ms']:8.1f} ± {row['train_iqr_ms']:.1f} ms{once_only}"
-                    f"  inference {row['inference_ms']:8.1f} ± {row['inference_iqr_ms']:.1f} ms"
-                    f"  saved {row['saved_mib']:7.1f} MiB{ratio}",
-                    flush=True,
-                )
-        results[preset] = entry
+    results = measure_presets(
+        args.presets, args.models, args.max_edges, args.repeat, pyg, args.slow_s, args.device
+    )
     summary = bars(results, args.models)
     for model, bar in summary.items():
         print(

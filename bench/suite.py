@@ -5,7 +5,8 @@ against torch / DGL FP32 and bf16 autocast), ``exact.py``, ``exact_ops.py`` and
 ``exact_capacity.py`` (exact's activation memory beside the kernel's resident
 memory, epoch time, primitives and the synthetic-products capacity case) and
 ``adaqp.py`` (distributed workers: bytes sent and epoch time of adaptive bits
-against 32-bit messages), each as a subprocess of the venv's Python with
+against 32-bit messages) and ``hector.py`` (one relational layer under the hector
+plugin against DGL's, on Hector-shaped graphs, with the accuracy check), each as a subprocess of the venv's Python with
 ``--json``, so every script starts with a fresh allocator and its memory
 figures are its own. It then collects their JSON into one document::
 
@@ -89,6 +90,9 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         # 4 workers on synthetic-arxiv, GCN and SAGE, one seed of 10 epochs (about 6 minutes);
         # bench/README.md's three-seed, 20-epoch figures take `python bench/adaqp.py` half an hour
         Job("adaqp.py", ("--seeds", "0", "--epochs", "10", "--reassign-period", "5")),
+        # one RGCN / RGAT / HGT layer on the eight Hector-shaped presets (at most 200,000
+        # edges each), DGL's and PyG's layers beside, and the 3-seed accuracy check
+        Job("hector.py", ("--max-edges", "200000", "--repeat", "5")),
     ),
     # the same cases, one size each and fewer repetitions: 203 s on 2 idle cores, 241-336 s
     # while other jobs shared them
@@ -112,6 +116,13 @@ PROFILES: dict[str, tuple[Job, ...]] = {
             "adaqp.py",
             ("--models", "gcn", "--seeds", "0", "--epochs", "4", "--reassign-period", "2"),
         ),
+        Job(
+            "hector.py",
+            (
+                *("--presets", "aifb", "fb15k", "--max-edges", "50000", "--repeat", "2"),
+                *("--accuracy-seeds", "1", "--accuracy-epochs", "10"),
+            ),
+        ),
     ),
 }
 
@@ -132,6 +143,9 @@ FAMILIES: dict[str, str] = {
     "machine's cores (means over seeds; the run's accuracy beside)",
     "exact-capacity": "exact: full-graph GraphSAGE on synthetic-products under a resident-memory "
     "budget (each variant in a child process killed past it)",
+    "hector": "hector: one relational layer (width 64, one head) on graphs shaped like Hector's "
+    "datasets, a training step (forward, loss, backward) under the plugin against DGL's own "
+    "layer (RGCN, HGT) or the per-edge RGAT (variants round-robin in one process)",
 }
 
 
@@ -566,6 +580,74 @@ def cases_adaqp(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def cases_hector(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per model: the plugin's training step against its baseline on every preset, then the
+    geo-mean over the presets (the bar), the accuracy check beside it."""
+    out = []
+    accuracy = raw.get("accuracy") or {}
+    for model, bar in raw["bars"].items():
+        variant, baseline = bar["variant"], bar["baseline"]
+        what = f"DGL's {HECTOR_LAYERS[model]}" if baseline == "dgl" else "qtrain's per-edge RGAT"
+        mine_ms, base_ms = [], []
+        for preset, entry in raw["presets"].items():
+            rows = entry["models"][model]
+            mine, base = rows[variant], rows[baseline]
+            mine_ms.append(mine["train_ms"])
+            base_ms.append(base["train_ms"])
+            pyg = rows.get("pyg")
+            note = (
+                f"{entry['edges']:,} edges, {entry['relations']} relations; saves "
+                f"{base['saved_mib'] / mine['saved_mib']:.2f}x fewer bytes for backward"
+            )
+            if pyg is not None:
+                note += f"; PyG {pyg['train_ms']:.1f} ms"
+            out.append(
+                case(
+                    "hector",
+                    f"{model.upper()} {preset}",
+                    "training step",
+                    "ms",
+                    mine["train_ms"],
+                    "baseline",
+                    base["train_ms"],
+                    note,
+                    value_iqr=mine["train_iqr_ms"],
+                    baseline_iqr=base["train_iqr_ms"],
+                )
+            )
+        checked = accuracy.get(model)
+        more = []
+        if checked is not None:
+            more.append(
+                {
+                    "bar": "hector+tango within 1 point of FP32's test accuracy "
+                    f"({-100 * checked['tango_drop']:+.2f} points)",
+                    "pass": bool(checked["met"]),
+                }
+            )
+        geo = (math.exp(statistics.fmean(map(math.log, ms))) for ms in (mine_ms, base_ms))
+        out.append(
+            case(
+                "hector",
+                f"{model.upper()} geo-mean over {len(mine_ms)} presets",
+                "training step",
+                "ms",
+                next(geo),
+                "baseline",
+                next(geo),
+                None,
+                baseline_what=what,
+                bar=f"geo-mean >= {bar['bar']:.0f}x",
+                **{"pass": bool(bar["met"])},
+                more_bars=more,
+            )
+        )
+    return out
+
+
+HECTOR_LAYERS = {"rgcn": "RelGraphConv", "hgt": "HGTConv", "rgat": "RGAT"}
+
+
 CASES = {
     "gemm.py": cases_gemm,
     "sparse.py": cases_sparse,
@@ -574,6 +656,7 @@ CASES = {
     "exact_ops.py": cases_exact_ops,
     "exact_capacity.py": cases_capacity,
     "adaqp.py": cases_adaqp,
+    "hector.py": cases_hector,
 }
 SCRIPT_FAMILIES = {
     "gemm.py": "gemm",
@@ -583,6 +666,7 @@ SCRIPT_FAMILIES = {
     "exact_ops.py": "exact-ops",
     "exact_capacity.py": "exact-capacity",
     "adaqp.py": "adaqp",
+    "hector.py": "hector",
 }
 
 

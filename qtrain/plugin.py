@@ -288,6 +288,9 @@ class Plugin:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
+    # plugins that must come after this one in quant.plugin when both are listed (a later
+    # plugin wraps what the earlier ones installed); the recipe refuses the other order
+    listed_before: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Any, context: PluginContext) -> None:
         self.config = config

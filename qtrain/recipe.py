@@ -215,6 +215,15 @@ def parse_quant(table: Mapping[str, Any]) -> QuantSection:
     configs: dict[str, Any] = {}
     for name in plugins:
         PLUGINS.get(name)  # unknown names fail here, listing the registered ones
+    for name in plugins:
+        for later in PLUGINS.get(name).factory.listed_before:
+            if later in plugins and plugins.index(later) < plugins.index(name):
+                fixed = [p for p in plugins if p != name]
+                fixed.insert(fixed.index(later), name)
+                raise RecipeError(
+                    f"quant.plugin lists {later!r} before {name!r}; {name} must come first "
+                    f"(a later plugin wraps the earlier ones' primitives): {plugins} -> {fixed}"
+                )
     for key, value in table.items():
         if key == "plugin":
             continue

@@ -189,6 +189,41 @@ ADAQP = {
         },
     ],
 }
+
+
+def _hector_row(ms: float, saved: float) -> dict[str, Any]:
+    return {"train_ms": ms, "train_iqr_ms": 0.5, "saved_mib": saved}
+
+
+HECTOR = {
+    "presets": {
+        preset: {
+            "edges": edges,
+            "relations": relations,
+            "models": {
+                "rgcn": {
+                    "dgl": _hector_row(4 * ms, 20.0),
+                    "hector": _hector_row(ms, 10.0),
+                    "pyg": _hector_row(40 * ms, 90.0),
+                },
+            },
+        }
+        for preset, edges, relations, ms in (
+            ("aifb", 49_000, 104, 10.0),
+            ("fb15k", 100_000, 474, 40.0),
+        )
+    },
+    "bars": {
+        "rgcn": {
+            "variant": "hector",
+            "baseline": "dgl",
+            "train_geomean": 4.0,
+            "bar": 2.0,
+            "met": True,
+        }
+    },
+    "accuracy": {"rgcn": {"tango_drop": 0.004, "met": True}},
+}
 RAW = {
     "gemm.py": GEMM,
     "sparse.py": SPARSE,
@@ -197,6 +232,7 @@ RAW = {
     "exact_ops.py": EXACT_OPS,
     "exact_capacity.py": CAPACITY,
     "adaqp.py": ADAQP,
+    "hector.py": HECTOR,
 }
 
 
@@ -317,6 +353,7 @@ def test_markdown(suite: Any) -> None:
         "exact-ops",
         "exact-capacity",
         "adaqp",
+        "hector",
     ]
     assert (
         "| case | qtrain (ms) | FP32 | vs FP32 | bf16 autocast | vs bf16 autocast | notes |"
@@ -532,3 +569,15 @@ def test_adaqp_accuracy_bars_are_in_the_table(suite: Any) -> None:
         "bar: adaptive within 0.3 point of 32-bit (0.32 points): FAIL; "
         "bar: adaptive sends <= 1/5 of 32-bit's bytes: PASS |"
     )
+
+
+def test_hector_rows_per_preset_and_the_geomean_bar(suite: Any) -> None:
+    cases = suite.cases_hector(HECTOR)
+    aifb = _find(cases, "hector", "RGCN aifb", "baseline")
+    assert aifb["ratio"] == 4.0 and "PyG 400.0 ms" in aifb["note"] and "2.00x fewer" in aifb["note"]
+    geo = _find(cases, "hector", "RGCN geo-mean over 2 presets", "baseline")
+    assert geo["ratio"] == pytest.approx(4.0) and geo["value"] == pytest.approx(20.0)
+    assert geo["pass"] is True and geo["baseline_what"] == "DGL's RelGraphConv"
+    assert geo["more_bars"] == [
+        {"bar": "hector+tango within 1 point of FP32's test accuracy (-0.40 points)", "pass": True}
+    ]

@@ -27,7 +27,6 @@ from qtrain.plugins.hector import layers, typed
 
 from qtrain._compat import import_dgl
 from qtrain.config import option
-from qtrain.errors import PluginError
 from qtrain.plugin import Patcher, Plugin, register_plugin
 
 
@@ -61,16 +60,11 @@ class HectorPlugin(Plugin):
         "operator reordering (Hector)"
     )
     Config = HectorConfig
+    # tango after hector wraps hector's typed products and quantizes them; hector after
+    # tango would take DGL's segment_mm from tango and run it in float32
+    listed_before = ("tango",)
 
     def activate(self, patcher: Patcher) -> None:
-        names = self.context.plugins
-        if "tango" in names and names.index("tango") < names.index(self.name):
-            # the later plugin wraps the earlier one's primitives: hector's typed GEMM would
-            # take DGL's segment_mm from tango and run it in float32
-            raise PluginError(
-                'quant.plugin lists "tango" before "hector": list hector first '
-                '(plugin = ["hector", "tango"]) so that tango quantizes its typed products'
-            )
         dgl = import_dgl()
         if self.config.typed_gemm:
             patcher.wrap("segment_mm", typed.segment_mm)

@@ -236,5 +236,18 @@ def test_recipes_train_the_same_under_the_plugin(tmp_path: Path, model: str) -> 
 def test_tango_listed_before_hector_is_refused() -> None:
     from qtrain.errors import PluginError
 
-    with pytest.raises(PluginError, match="list hector first"), qtrain.patch(["tango", "hector"]):
-        pass
+    with pytest.raises(PluginError, match=r"lists 'tango' before 'hector'; hector must come first"):
+        qtrain.patch(["tango", "hector"])
+    with pytest.raises(
+        PluginError, match=r"\['trace', 'tango', 'hector'\] -> \['trace', 'hector', 'tango'\]"
+    ):
+        qtrain.patch(["trace", "tango", "hector"])
+
+
+def test_hector_composes_with_exact(tmp_path: Path) -> None:
+    """exact compresses what the compact layers save: the run trains as exact alone does,
+    closely (not exactly: other tensors are saved, so other ones are compressed)."""
+    exact = _train(tmp_path, "rgcn", ["exact"])
+    both = _train(tmp_path, "rgcn", ["hector", "exact"])
+    assert both["final_loss"] == pytest.approx(exact["final_loss"], rel=0.05)
+    assert both["final_loss"] != _train(tmp_path, "rgcn", ["hector"])["final_loss"]
