@@ -199,17 +199,18 @@ def measure(
 
 def _timings(calls: dict[str, Any], repeat: int, around: Any, slow_s: float) -> dict[str, Timing]:
     """Round robin over the variants after one warm-up call each; a variant whose warm-up
-    took longer than ``slow_s`` (PyG's HGT backward: seconds) is timed once, on its own,
-    so that it does not stretch the run by ``repeat`` times its duration."""
-    slow = set()
+    took longer than ``slow_s`` (DGL's and PyG's HGT backward: seconds, minutes with
+    hundreds of relations) keeps that one call as its time and is not called again, so
+    that it does not stretch the run by ``repeat`` times its duration (at that length a
+    first call's warm-up costs are noise)."""
+    first: dict[str, float] = {}
     for name, call in calls.items():
         with around(name):
-            if once(call) > slow_s:
-                slow.add(name)
-    fast = {name: call for name, call in calls.items() if name not in slow}
+            first[name] = once(call)
+    fast = {name: call for name, call in calls.items() if first[name] <= slow_s}
     out = interleaved(fast, repeat, around=around) if fast else {}
-    for name in slow:
-        out[name] = interleaved({name: calls[name]}, 1, around=around)[name]
+    for name in calls.keys() - fast.keys():
+        out[name] = Timing.of([first[name]], name)
     return {name: out[name] for name in calls}
 
 

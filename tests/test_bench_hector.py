@@ -72,3 +72,15 @@ def test_pyg_layers_take_the_same_graph(hector: Any, tmp_path: Path) -> None:
     assert hector.main(argv) == 0
     models = json.loads(out.read_text())["presets"]["aifb"]["models"]
     assert "pyg" in models["rgcn"] and "pyg" in models["hgt"]
+
+
+def test_a_variant_slower_than_slow_s_is_called_once_and_says_so(
+    hector: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "hector.json"
+    argv = ["--presets", "aifb", "--max-edges", "2000", "--repeat", "3", "--threads", "1"]
+    argv += ["--models", "rgcn", "--slow-s", "0", "--accuracy-seeds", "0", "--no-pyg"]
+    assert hector.main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["presets"]["aifb"]["models"]["rgcn"]
+    assert {row["train_rounds"] for row in rows.values()} == {1}
+    assert all(row["train_iqr_ms"] == 0 for row in rows.values())
