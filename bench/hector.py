@@ -19,7 +19,8 @@ every node (as Hector measures), backward; inference is forward without autograd
 DGL's own layer for RGCN and HGT, the plain per-edge RGAT for RGAT. The variants of DGL's
 layers run under qtrain's ``hector`` plugin with some of its options (``typed_gemm``,
 ``compact``, ``reorder``; ``hector``: all that apply), entered outside the timed call;
-RGAT's ``hector`` row is compact+reorder with the plugin's typed GEMM. The bars (issue 27):
+RGAT's ``hector`` row is compact+reorder with the plugin's typed GEMM; ``hector+tango``
+adds tango's 8-bit typed GEMM, SpMM and SDDMM on top. The bars (issue 27):
 the ``hector`` row's training time, geo-mean over the presets, at least 2x faster than
 DGL's for RGCN and 3x for RGAT and HGT; and (``--accuracy-seeds``, by ``qtrain compare``)
 hector+tango within 1 point of FP32's test accuracy on ``synthetic-hetero-small``.
@@ -59,6 +60,12 @@ RGAT_VARIANTS = {
     "reorder": {"reorder": True},
     "compact+reorder": {"compact": True, "reorder": True},
 }
+# hector with every option, then tango's 8-bit products (a layer alone has no output layer
+# to keep in float32)
+TANGO: dict[str, Any] = {
+    "plugin": ["hector", "tango"],
+    "tango": {"fp32_before_softmax": False},
+}
 # the hector plugin's options per variant of DGL's RelGraphConv / HGTConv ("dgl": none)
 PLUGIN_VARIANTS: dict[str, dict[str, dict[str, bool] | None]] = {
     "rgcn": {
@@ -66,6 +73,7 @@ PLUGIN_VARIANTS: dict[str, dict[str, dict[str, bool] | None]] = {
         "typed_gemm": {"typed_gemm": True, "compact": False, "reorder": False},
         "compact": {"typed_gemm": False, "compact": True, "reorder": False},
         "hector": {"typed_gemm": True, "compact": True, "reorder": False},
+        "hector+tango": TANGO,
     },
     "hgt": {
         "dgl": None,
@@ -73,6 +81,7 @@ PLUGIN_VARIANTS: dict[str, dict[str, dict[str, bool] | None]] = {
         "compact": {"typed_gemm": False, "compact": True, "reorder": False},
         "compact+reorder": {"typed_gemm": False, "compact": True, "reorder": True},
         "hector": {"typed_gemm": True, "compact": True, "reorder": True},
+        "hector+tango": TANGO,
     },
 }
 # the variant each model's bar compares with its baseline, and the bar (training geo-mean)
@@ -114,6 +123,11 @@ def layers(model: str, graph: Any, relations: Any, pyg: bool) -> dict[str, Varia
             WIDTH, WIDTH, 1, relations.num_etypes, 0.2, True, **RGAT_VARIANTS["compact+reorder"]
         )
         out["hector"] = (layer, {"typed_gemm": True, "compact": True, "reorder": True}, call)
+        torch.manual_seed(0)
+        layer = RGATConv(
+            WIDTH, WIDTH, 1, relations.num_etypes, 0.2, True, **RGAT_VARIANTS["compact+reorder"]
+        )
+        out["hector+tango"] = (layer, TANGO, call)
         return out
     for name, plugin in PLUGIN_VARIANTS[model].items():
         torch.manual_seed(0)
@@ -132,8 +146,11 @@ def layers(model: str, graph: Any, relations: Any, pyg: bool) -> dict[str, Varia
     return out
 
 
-def _session(plugin: dict[str, bool] | None) -> contextlib.AbstractContextManager[Any]:
-    return qtrain.patch("hector", **plugin) if plugin is not None else contextlib.nullcontext()
+def _session(plugin: dict[str, Any] | None) -> contextlib.AbstractContextManager[Any]:
+    """The variant's plugins: none, hector with these options, or a whole [quant] table."""
+    if plugin is None:
+        return contextlib.nullcontext()
+    return qtrain.patch(plugin) if "plugin" in plugin else qtrain.patch("hector", **plugin)
 
 
 def measure(

@@ -33,10 +33,10 @@ def test_a_small_run_records_every_variant(hector: Any, tmp_path: Path) -> None:
     aifb = result["presets"]["aifb"]
     assert (aifb["edges"], aifb["relations"], aifb["node_types"]) == (3000, 104, 7)
     rgat = aifb["models"]["rgat"]
-    assert set(rgat) == {"plain", "compact", "reorder", "compact+reorder", "hector"}
+    assert set(rgat) == {"plain", "compact", "reorder", "compact+reorder", "hector", "hector+tango"}
     rgcn, hgt = aifb["models"]["rgcn"], aifb["models"]["hgt"]
-    assert set(rgcn) == {"dgl", "typed_gemm", "compact", "hector"}
-    assert set(hgt) == {"dgl", "typed_gemm", "compact", "compact+reorder", "hector"}
+    assert set(rgcn) == {"dgl", "typed_gemm", "compact", "hector", "hector+tango"}
+    assert set(hgt) == {"dgl", "typed_gemm", "compact", "compact+reorder", "hector", "hector+tango"}
     for row in [*rgat.values(), *rgcn.values(), *hgt.values()]:
         assert row["train_ms"] > 0 and row["inference_ms"] > 0 and row["train_iqr_ms"] >= 0
     # the plugin's compaction saves fewer bytes for backward than DGL's per-edge messages
