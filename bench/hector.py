@@ -54,20 +54,25 @@ from qtrain.models.rgat import RGATConv
 from qtrain.train.activations import ActivationMeter
 
 WIDTH = 64
-RGAT_VARIANTS = {
-    "plain": {},
-    "compact": {"compact": True},
-    "reorder": {"reorder": True},
-    "compact+reorder": {"compact": True, "reorder": True},
-}
 # hector with every option, then tango's 8-bit products (a layer alone has no output layer
 # to keep in float32)
 TANGO: dict[str, Any] = {
     "plugin": ["hector", "tango"],
     "tango": {"fp32_before_softmax": False},
 }
+Plugin = dict[str, Any] | None  # hector's options, a whole [quant] table, or no plugin
+BOTH = {"compact": True, "reorder": True}
+# qtrain's RGATConv options and the plugin per variant
+RGAT_VARIANTS: dict[str, tuple[dict[str, bool], Plugin]] = {
+    "plain": ({}, None),
+    "compact": ({"compact": True}, None),
+    "reorder": ({"reorder": True}, None),
+    "compact+reorder": (BOTH, None),
+    "hector": (BOTH, {"typed_gemm": True, "compact": True, "reorder": True}),
+    "hector+tango": (BOTH, TANGO),
+}
 # the hector plugin's options per variant of DGL's RelGraphConv / HGTConv ("dgl": none)
-PLUGIN_VARIANTS: dict[str, dict[str, dict[str, bool] | None]] = {
+PLUGIN_VARIANTS: dict[str, dict[str, Plugin]] = {
     "rgcn": {
         "dgl": None,
         "typed_gemm": {"typed_gemm": True, "compact": False, "reorder": False},
@@ -92,7 +97,7 @@ BARS = {
 }
 
 
-Variant = tuple[torch.nn.Module, "dict[str, bool] | None", Any]  # layer, plugin, call
+Variant = tuple[torch.nn.Module, Plugin, Any]  # layer, plugin, call
 
 
 def _qtrain_call(model: str) -> Any:
@@ -114,20 +119,10 @@ def layers(model: str, graph: Any, relations: Any, pyg: bool) -> dict[str, Varia
     call = _qtrain_call(model)
     out: dict[str, Variant] = {}
     if model == "rgat":
-        for name, options in RGAT_VARIANTS.items():
+        for name, (options, plugin) in RGAT_VARIANTS.items():
             torch.manual_seed(0)
             layer = RGATConv(WIDTH, WIDTH, 1, relations.num_etypes, 0.2, True, **options)
-            out[name] = (layer, None, call)
-        torch.manual_seed(0)
-        layer = RGATConv(
-            WIDTH, WIDTH, 1, relations.num_etypes, 0.2, True, **RGAT_VARIANTS["compact+reorder"]
-        )
-        out["hector"] = (layer, {"typed_gemm": True, "compact": True, "reorder": True}, call)
-        torch.manual_seed(0)
-        layer = RGATConv(
-            WIDTH, WIDTH, 1, relations.num_etypes, 0.2, True, **RGAT_VARIANTS["compact+reorder"]
-        )
-        out["hector+tango"] = (layer, TANGO, call)
+            out[name] = (layer, plugin, call)
         return out
     for name, plugin in PLUGIN_VARIANTS[model].items():
         torch.manual_seed(0)
@@ -146,7 +141,7 @@ def layers(model: str, graph: Any, relations: Any, pyg: bool) -> dict[str, Varia
     return out
 
 
-def _session(plugin: dict[str, Any] | None) -> contextlib.AbstractContextManager[Any]:
+def _session(plugin: Plugin) -> contextlib.AbstractContextManager[Any]:
     """The variant's plugins: none, hector with these options, or a whole [quant] table."""
     if plugin is None:
         return contextlib.nullcontext()

@@ -164,13 +164,21 @@ class _Replacement:
     replacement: Any
 
 
+@dataclass
+class _AttributeReplacement:
+    owner: type
+    name: str
+    original: Any
+    replacement: Any
+
+
 class Patcher:
     """Installs one plugin's patches and undoes exactly those."""
 
     def __init__(self, owner: str) -> None:
         self.owner = owner
         self._replacements: list[_Replacement] = []
-        self._attributes: list[_Replacement] = []  # namespace holds (owner,), key the name
+        self._attributes: list[_AttributeReplacement] = []
         self._modes: list[TorchFunctionMode] = []
 
     @staticmethod
@@ -217,7 +225,7 @@ class Patcher:
             raise PluginError(f"plugin {self.owner!r}: {owner.__qualname__} has no own {name!r}")
         original = vars(owner)[name]
         setattr(owner, name, replacement)
-        self._attributes.append(_Replacement({"owner": owner}, name, original, replacement))
+        self._attributes.append(_AttributeReplacement(owner, name, original, replacement))
 
     def dense(self, handler: DenseHandler) -> None:
         """Send dense products to ``handler(kind, func, args, kwargs)`` while active."""
@@ -234,13 +242,12 @@ class Patcher:
         while self._modes:
             self._modes.pop().__exit__(None, None, None)
         while self._attributes:
-            r = self._attributes.pop()
-            owner = r.namespace["owner"]
-            if vars(owner).get(r.key) is r.replacement:
-                setattr(owner, r.key, r.original)
+            a = self._attributes.pop()
+            if vars(a.owner).get(a.name) is a.replacement:
+                setattr(a.owner, a.name, a.original)
             else:
                 warnings.warn(
-                    f"plugin {self.owner!r}: {owner.__qualname__}.{r.key} was changed by "
+                    f"plugin {self.owner!r}: {a.owner.__qualname__}.{a.name} was changed by "
                     "someone else while patched; left as it is",
                     RuntimeWarning,
                     stacklevel=2,

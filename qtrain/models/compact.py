@@ -10,6 +10,7 @@ change.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any
 
@@ -83,12 +84,17 @@ class CompactIndex:
         self.src = Pairs(
             src.to(device), etype, graph.num_src_nodes(), relations, src_types, distinct
         )
-        self.dst = Pairs(dst.to(device), etype, graph.num_dst_nodes(), relations)
+        self._dst_pairs = (dst.to(device), etype, graph.num_dst_nodes(), relations)
         self.to_dst = dgl.heterograph(
             {("pair", "to", "node"): (self.src.of_edge.to(src.device), dst)},
             num_nodes_dict={"pair": len(self.src), "node": graph.num_dst_nodes()},
             device=src.device,
         )
+
+    @functools.cached_property
+    def dst(self) -> Pairs:
+        """The destination pairs, made on first use: only RGAT's target term reads them."""
+        return Pairs(*self._dst_pairs)
 
 
 def _stamp(

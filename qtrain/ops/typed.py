@@ -110,10 +110,10 @@ class RowsByType:
 
     def __init__(self, types: Tensor, num_types: int) -> None:
         index = types.long()
-        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= num_types):
-            raise ValueError(
-                f"type ids must be in [0, {num_types}), got {int(index.min())}..{int(index.max())}"
-            )
+        if index.numel():
+            low, high = torch.stack(torch.aminmax(index)).tolist()  # one device-to-host read
+            if low < 0 or high >= num_types:
+                raise ValueError(f"type ids must be in [0, {num_types}), got {low}..{high}")
         self.order = torch.argsort(index, stable=True)
         self.offsets = offsets_from_lengths(torch.bincount(index, minlength=num_types))
         self._back = torch.empty_like(self.order)

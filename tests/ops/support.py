@@ -27,6 +27,16 @@ from qtrain.ops import backends
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 WIDTHS = (1, 3, 5, 17, 33, 127, 129)
+# segment lengths (rows per relation) every segment op is tested on
+SEGMENT_EDGES = (
+    [0, 0, 0],  # N = 0 with relations
+    [],  # no relations, no rows
+    [0, 5, 0, 7, 0],  # empty segments at the start, in the middle, at the end
+    [0, 0, 12],
+    [12, 0, 0],
+    [40],  # one relation
+    [1, 1, 1, 1],
+)
 
 
 def library(device: str = "cpu") -> Any:

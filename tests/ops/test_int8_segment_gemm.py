@@ -12,7 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 from gemm_cases import constant, int8s
-from support import DEVICES, ErrorCase, assert_same, expect_errors, library, opcheck, variants
+from support import (
+    DEVICES,
+    SEGMENT_EDGES,
+    ErrorCase,
+    assert_same,
+    expect_errors,
+    library,
+    opcheck,
+    variants,
+)
 
 from qtrain.ops import dispatch
 from qtrain.ops.gemm import LAYOUTS, combined_scale
@@ -108,18 +117,7 @@ def test_matches_reference(device: str, layout: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "lengths",
-    [
-        [0, 0, 0],  # N = 0 with relations
-        [],  # no relations, no rows
-        [0, 5, 0, 7, 0],  # empty segments at the start, in the middle, at the end
-        [0, 0, 12],
-        [12, 0, 0],
-        [40],  # one relation
-        [1, 1, 1, 1],
-    ],
-)
+@pytest.mark.parametrize("lengths", SEGMENT_EDGES)
 def test_segment_edges(device: str, lengths: list[int]) -> None:
     for layout in LAYOUTS:
         qa, qb, offsets = _operands(lengths, 6, 5, layout, _random(2))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support import DEVICES, ErrorCase, expect_errors, library, opcheck
+from support import DEVICES, SEGMENT_EDGES, ErrorCase, expect_errors, library, opcheck
 
 from qtrain.ops import dispatch
 from qtrain.ops.typed import (
@@ -101,18 +101,7 @@ def test_other_dtypes(device: str, dtype: torch.dtype, transpose: bool) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "lengths",
-    [
-        [0, 0, 0],  # N = 0 with relations
-        [],  # no relations, no rows
-        [0, 5, 0, 7, 0],  # empty segments at the start, in the middle, at the end
-        [0, 0, 12],
-        [12, 0, 0],
-        [40],  # one relation
-        [1, 1, 1, 1],
-    ],
-)
+@pytest.mark.parametrize("lengths", SEGMENT_EDGES)
 def test_segment_edges(device: str, lengths: list[int]) -> None:
     for transpose in (False, True):
         _check(*_operands(lengths, 6, 5, device, transpose=transpose), transpose, str(lengths))
