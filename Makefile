@@ -86,8 +86,9 @@ cuda-build: $(CUDA_VENV)/.stamp-cuda
 torch-range:
 	$(PYTHON) ext/torch_range.py
 
-# Wheels for the lent GPU machine (Python 3.12, no network, no DGL): DGL's CPU wheel and, from
-# what it declares, torchdata (never imported: qtrain stubs dgl.graphbolt) and the small
+# Wheels for the lent GPU machine (Python 3.12, no network, no DGL): DGL's CPU wheel, tomli-w
+# (qtrain writes the resolved recipe with it; the image lacks it) and, from what DGL declares,
+# torchdata (never imported: qtrain stubs dgl.graphbolt) and the small
 # packages that `import dgl` imports, as a fallback (the GPU image has them), at
 # requirements.lock's versions, into .gpu/wheels (about 11 MB). A session carries .gpu to the
 # GPU machine (the device tool's run with carry [".gpu"]); there bench/gpu.py installs them
@@ -95,7 +96,7 @@ torch-range:
 # from the image; pyyaml and pydantic are not needed (dgl imports them only in CSVDataset).
 GPU_WHEELS  := .gpu/wheels
 GPU_PYTHON  := 3.12
-GPU_PKGS    := $(shell grep -iE '^(dgl|torchdata|packaging|networkx|psutil|tqdm)==' requirements.lock)
+GPU_PKGS    := $(shell grep -iE '^(dgl|torchdata|packaging|networkx|psutil|tqdm|tomli-w)==' requirements.lock)
 
 $(GPU_WHEELS)/.complete: requirements.lock Makefile
 	rm -rf $(GPU_WHEELS)

@@ -78,10 +78,11 @@ sys.path.insert(0, str(ROOT))
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e", "hector")
 NEEDS_DGL = ("gpu_e2e", "hector")
 # DGL for the end-to-end stage on a GPU machine without it: `make gpu-wheels` downloads the
-# wheels (dgl's CPU build, what it declares); pip resolves the rest against what is installed.
-# pandas and packaging are what dgl imports without declaring them.
+# wheels (dgl's CPU build, what it declares, tomli-w); pip resolves the rest against what is
+# installed. pandas and packaging are what dgl imports without declaring them; tomli-w is
+# qtrain's own (the runner writes the resolved recipe with it), which the image lacks.
 GPU_WHEELS = ROOT / ".gpu" / "wheels"
-DGL_REQUIREMENTS = ("dgl==2.1.0", "pandas", "packaging")
+DGL_REQUIREMENTS = ("dgl==2.1.0", "pandas", "packaging", "tomli-w")
 # the tests with CUDA cases: each op on the GPU against its reference, opcheck and its error
 # paths, and the Python fronts' dispatch there (none needs DGL: "not dgl" leaves out the CPU
 # comparisons with DGL's kernels) ...
@@ -138,9 +139,10 @@ def _shown(path: Path) -> str:
 
 
 def _dgl_imports() -> subprocess.CompletedProcess[str]:
-    """``import dgl`` as qtrain makes it (``qtrain._compat``), in a fresh interpreter: this
-    process must not import DGL before it is there (qtrain's adaptations run once)."""
-    code = "from qtrain._compat import import_dgl; print(import_dgl().__version__)"
+    """``import dgl`` as qtrain makes it (``qtrain._compat``), and tomli-w, in a fresh
+    interpreter: this process must not import DGL before it is there (qtrain's
+    adaptations run once)."""
+    code = "import tomli_w; from qtrain._compat import import_dgl; print(import_dgl().__version__)"
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
 
 

@@ -306,13 +306,16 @@ def _train_step(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """One forward and backward of ``case``; ``device`` None runs DGL's own kernels.
 
-    ``dropout=False`` runs the module in eval mode: a GPU draws its dropout masks from
-    another generator than the CPU (HGTConv drops 20% by default).
+    ``dropout=False`` sets every dropout rate to 0: a GPU draws its masks from another
+    generator than the CPU (HGTConv drops 20% by default). The module stays in training
+    mode, because cuDNN's LSTM (SAGEConv's lstm aggregator) has no backward in eval mode.
     """
     torch.manual_seed(0)
     module = case.module()
     if not dropout:
-        module.eval()
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.Dropout):
+                layer.p = 0.0
     graph = case.graph()
     inputs = {k: v.requires_grad_() for k, v in case.inputs(graph).items()}
     if device is not None:
