@@ -43,10 +43,13 @@ From a session with a lent GPU (the device tool; only ``$OUT`` comes back):
 ten-minute call. Measured on an H200 (2026-11-26): ``--quick`` took 322 s in all
 (build 61 s, tests 176 s, kernels 9 s, arxiv-scale end to end 60 s); at products
 scale a 380 s call finished GCN's rows and none of GAT's (the graph takes 24 s to
-generate, a GCN epoch 1.5 to 1.8 s; PyG runs out of memory). So, in a session with a lent
-GPU: ``timeout 540 python3 bench/gpu.py --quick --json $OUT/gpu.json`` in the first
-call, then, while the machine is warm (the in-place build and DGL stay), one call
-per model: ``python3 bench/gpu_e2e.py --size products --models gcn --json
+generate, a GCN epoch 1.5 to 1.8 s; PyG runs out of memory). On an H100 the same day,
+with the hector stage and the tests added since: build 77 s, tests 246 s (one xdist
+process per file), and a 430 s limit ended the run inside the hector stage. A fresh
+machine started in about 30 s. So, in a session with a lent GPU (15 minutes of device
+time): ``timeout 540 python3 bench/gpu.py --quick --json $OUT/gpu.json`` in the first
+call, then one call per model at products scale, each rebuilding if the machine went
+back: ``python3 bench/gpu_e2e.py --size products --models gcn --json
 $OUT/e2e-products-gcn.json`` (then ``gat``, ``sage``), as device time allows.
 """
 
@@ -90,9 +93,11 @@ TESTS = ("tests/ops", "-k", "not dgl")
 # ... and, where DGL imports, every dgl.nn module on the CUDA route against DGL's CPU kernels
 ROUTE_TESTS = ("tests/route/test_modules.py",)
 # pytest-xdist, where installed (the GPU image has it): a lent machine's 16 cores run the
-# tests in 8 processes, one file per process (a file's fixtures are built once), which
-# leaves the device time to the benchmarks; each process holds its own CUDA context
-XDIST = ("-n", "8", "--dist", "loadfile")
+# tests in 8 processes of 2 threads each, test by test (one process per file took 246 s on
+# an H100, 2026-11-26: the largest files set the pace), which leaves the device time to the
+# benchmarks; each process holds its own CUDA context. The slowest tests are listed in the log.
+XDIST = ("-n", "8", "--dist", "load", "--durations=25")
+XDIST_THREADS = "2"
 
 
 def build(log: Path) -> dict[str, Any]:
@@ -113,14 +118,15 @@ def build(log: Path) -> dict[str, Any]:
 
 def check(log: Path, with_dgl: bool) -> dict[str, Any]:
     """The CUDA tests, with pytest's summary line; the whole output goes to ``log``."""
-    parallel = XDIST if importlib.util.find_spec("xdist") is not None else ()
+    parallel = importlib.util.find_spec("xdist") is not None
     cmd = [
-        *(sys.executable, "-m", "pytest", "-q", "-rs", *parallel),
+        *(sys.executable, "-m", "pytest", "-q", "-rs", *(XDIST if parallel else ())),
         *(ROUTE_TESTS if with_dgl else ()),
         *TESTS,
     ]
+    env = {**os.environ, **({"OMP_NUM_THREADS": XDIST_THREADS} if parallel else {})}
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     log.write_text(done.stdout + done.stderr)
     lines = done.stdout.strip().splitlines()
     return {
