@@ -146,7 +146,7 @@ class QuantLinear(torch.autograd.Function):
     def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
         (qx, sx), (qw, sw) = _restored(ctx)
         policy: QuantPolicy = ctx.policy
-        qg, sg = policy.fresh(grad.contiguous())
+        qg, sg = policy.gradient(grad.contiguous())
         dx = dw = None
         if ctx.needs_input_grad[1]:
             dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
@@ -217,7 +217,7 @@ class QuantSegmentMM(torch.autograd.Function):
         stored, (offsets,) = _unpacked(ctx)
         (qx, sx), (qw, sw) = _operands(ctx, stored)
         policy: QuantPolicy = ctx.policy
-        qg, sg = policy.fresh(grad.contiguous())
+        qg, sg = policy.gradient(grad.contiguous())
         dx = dw = None
         if ctx.needs_input_grad[1]:
             dx = int8_segment_gemm(qg, qw, offsets, sg, sw, "nt", policy.backend)
@@ -277,7 +277,7 @@ class QuantSpMM(torch.autograd.Function):
     def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
         csr: GraphCSR = ctx.csr
         policy: QuantPolicy = ctx.policy
-        qg, sg = policy.fresh(grad.contiguous())
+        qg, sg = policy.gradient(grad.contiguous())
         stored, (w,) = _unpacked(ctx)
         dx = dw = None
         if ctx.needs_input_grad[2]:

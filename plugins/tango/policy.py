@@ -47,8 +47,16 @@ class QuantPolicy:
             self._offset += n
         return start
 
+    def gradient(self, grad: torch.Tensor) -> Quantized:
+        """Quantize an incoming gradient. Through the cache when it is on: autograd hands
+        one tensor to every branch of a sum (RGCN's relation messages plus its self-loop,
+        a residual), and each branch's quantized backward then reads one quantization
+        instead of making its own. The cache holds tensors weakly, so no gradient outlives
+        its backward."""
+        return self.cached(grad)
+
     def fresh(self, x: torch.Tensor) -> Quantized:
-        """Quantize x now (gradients, or anything that is used once)."""
+        """Quantize x now (anything that is used once)."""
         offset = self._take(x.numel()) if self.rounding == "stochastic" else 0
         try:
             return quantize(

@@ -141,6 +141,34 @@ def test_optimizer_step_invalidates_cached_weights() -> None:
     assert not torch.allclose(y1, y2)
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_gradient_shared_by_two_products_is_quantized_once(
+    cache: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """autograd hands one tensor to both terms of a sum (RGCN's messages plus its self-loop):
+    with the cache on, both quantized backwards read one quantization of it."""
+    made: list[tuple[int, ...]] = []
+    real = QuantPolicy.fresh
+
+    def fresh(self: QuantPolicy, x: torch.Tensor) -> Any:
+        made.append(tuple(x.shape))
+        return real(self, x)
+
+    monkeypatch.setattr(QuantPolicy, "fresh", fresh)
+    torch.manual_seed(0)
+    x = torch.randn(6, 8, requires_grad=True)
+    w1 = torch.randn(8, 5, requires_grad=True)
+    w2 = torch.randn(8, 5, requires_grad=True)
+    policy = QuantPolicy(bits=8, rounding="nearest", cache=QuantCache() if cache else None)
+    y = quant_linear(policy, x, w1, linear=False) + quant_linear(policy, x, w2, linear=False)
+    made.clear()
+    grad = torch.randn(6, 5)
+    y.backward(grad)
+    assert made.count((6, 5)) == (1 if cache else 2)
+    ref = grad @ (w1 + w2).detach().T
+    assert _rel(x.grad, ref) < 0.02
+
+
 # ------------------------------------------------------------------ CSR
 
 
