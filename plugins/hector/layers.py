@@ -61,7 +61,11 @@ def rgcn_forward(original: Callable[..., Any]) -> Callable[..., Any]:
         if self.bias:
             h = h + self.h_bias
         if self.self_loop:
-            h = h + feat[: g.num_dst_nodes()] @ self.loop_weight
+            # the input itself when every node is a destination (DGL slices it always): a
+            # view is another tensor to tango's cache, which then quantized the features
+            # again for this product although the layer's input never changed
+            x_dst = feat if feat.shape[0] == g.num_dst_nodes() else feat[: g.num_dst_nodes()]
+            h = h + x_dst @ self.loop_weight
         if self.activation:
             h = self.activation(h)
         return self.dropout(h)
