@@ -16,6 +16,9 @@ splits, in one process, one row each:
   aggregations do not get faster, only the dense products;
 * ``qtrain tango 8-bit``, ``qtrain exact INT2``, ``qtrain tango 8-bit + exact
   INT2``: the plugins with their default configs, on the route;
+* ``qtrain tango 8-bit nearest``: tango with round-to-nearest instead of its default
+  stochastic rounding, which on the CPU converged like FP32 where stochastic rounding
+  lagged (synthetic-products at 100,000 nodes; README, "GPUs with today's torch");
 * ``PyG <Conv> FP32`` and ``PyG <Conv> bf16 autocast``: PyTorch Geometric's
   GCNConv / GATConv / SAGEConv (``edge_index`` form, the library's default)
   with the same layers, widths, heads, dropout, optimizer and epochs, in a
@@ -90,6 +93,11 @@ QTRAIN_VARIANTS: tuple[tuple[str, dict[str, Any], bool], ...] = (
     (FP32, {}, False),
     ("qtrain bf16 autocast (route)", {}, True),
     ("qtrain tango 8-bit (route)", {"plugin": ["tango"], "tango": {"bits": 8}}, False),
+    (
+        "qtrain tango 8-bit nearest (route)",
+        {"plugin": ["tango"], "tango": {"bits": 8, "rounding": "nearest"}},
+        False,
+    ),
     ("qtrain exact INT2 (route)", {"plugin": ["exact"], "exact": {"bits": 2}}, False),
     (
         "qtrain tango 8-bit + exact INT2 (route)",

@@ -21,6 +21,7 @@ QTRAIN = (
     "qtrain FP32 (route)",
     "qtrain bf16 autocast (route)",
     "qtrain tango 8-bit (route)",
+    "qtrain tango 8-bit nearest (route)",
     "qtrain exact INT2 (route)",
     "qtrain tango 8-bit + exact INT2 (route)",
 )
