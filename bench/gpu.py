@@ -18,8 +18,9 @@ this script does everything in order and writes what it has after each stage:
    exact's and adaqp's per-row quantization, packing and projection);
 5. train qtrain's built-in GCN, GAT and GraphSAGE end to end through the device
    route (``bench/gpu_e2e.py``: FP32, bf16 autocast, tango with stochastic and with
-   nearest rounding, exact, tango + exact, beside PyG's GCNConv / GATConv / SAGEConv in FP32 and bf16; epoch time, peak GPU
-   memory, test accuracy) on synthetic-arxiv (``--quick``), then synthetic-products;
+   nearest rounding, exact, tango + exact, beside PyG's GCNConv / GATConv / SAGEConv
+   in FP32 and bf16; epoch time, peak GPU memory, test accuracy) on synthetic-arxiv
+   (``--quick``), then synthetic-products;
    without DGL this stage fails with the reason;
 6. time one relational layer per model (RGCN, RGAT, HGT; width 64, one head) on graphs
    shaped like Hector's datasets: DGL's layers and qtrain's RGAT with and without the
