@@ -71,13 +71,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import _checkout  # noqa: F401  (qtrain from this checkout)
 from _gpu import copy_bandwidth_gbps
 from _record import ROOT, git_commit, write_json
-
-# qtrain from this checkout: a GPU machine has it built in place, not installed, and a pip
-# install made by this process would not be importable until a new interpreter started
-sys.path.insert(0, str(ROOT))
-
 
 STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e", "hector")
 NEEDS_DGL = ("gpu_e2e", "hector")

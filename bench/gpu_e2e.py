@@ -72,13 +72,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _checkout  # noqa: F401  (qtrain from this checkout)
 import torch
 from _timing import once
-
-ROOT = Path(__file__).resolve().parents[1]
-# qtrain from this checkout: a GPU machine has it built in place, not installed
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 MODELS = ("gcn", "gat", "sage")
 MODEL_NAMES = {"gcn": "GCN", "gat": "GAT", "sage": "GraphSAGE"}
@@ -105,6 +101,16 @@ QTRAIN_VARIANTS: tuple[tuple[str, dict[str, Any], bool], ...] = (
         False,
     ),
 )
+# --variants: short names of the rows (FP32 always runs: every ratio and the accuracy bar
+# are against it); a lent GPU's ten-minute call fits a few rows at products scale
+VARIANT_KEYS = {
+    "bf16": QTRAIN_VARIANTS[1][0],
+    "tango": QTRAIN_VARIANTS[2][0],
+    "tango-nearest": QTRAIN_VARIANTS[3][0],
+    "exact": QTRAIN_VARIANTS[4][0],
+    "tango+exact": QTRAIN_VARIANTS[5][0],
+}
+PYG_KEY = "pyg"
 
 
 @dataclass(frozen=True)
@@ -553,10 +559,18 @@ def _shape(size: Size, model: str, dataset: Any) -> str:
 
 
 def measure(
-    sizes: list[str], device: str = "cuda", models: tuple[str, ...] = MODELS
+    sizes: list[str],
+    device: str = "cuda",
+    models: tuple[str, ...] = MODELS,
+    variants: frozenset[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every row of every size; raises ``E2EFailure`` (with the rows) when a qtrain FP32 row
-    does not reach its accuracy bar."""
+    """Every row of every size (``variants``: only those of ``VARIANT_KEYS`` and ``PYG_KEY``
+    named, beside FP32; None: all); raises ``E2EFailure`` (with the rows) when a qtrain FP32
+    row does not reach its accuracy bar."""
+    chosen = {FP32} | {
+        name for key, name in VARIANT_KEYS.items() if variants is None or key in variants
+    }
+    with_pyg = variants is None or PYG_KEY in variants
     dev = torch.device(device)
     # the built-in plugins (tango, exact) register on import; a checkout that is not
     # installed finds them in plugins/
@@ -581,6 +595,8 @@ def measure(
             for model in models:
                 group: list[dict[str, Any]] = []
                 for variant, quant, bf16 in QTRAIN_VARIANTS:
+                    if variant not in chosen:
+                        continue
                     row = _guarded(
                         _qtrain_row, size, model, dataset_name, quant, bf16, dev, out_dir
                     )
@@ -589,7 +605,8 @@ def measure(
                         row["note"] = BF16_NOTE
                     group.append(row)
                     _progress(size_name, model, row)
-                for bf16 in (False, True):
+                qtrain_rows = len(group)
+                for bf16 in (False, True) if with_pyg else ():
                     variant = f"PyG {PYG_CONVS[model]} {'bf16 autocast' if bf16 else 'FP32'}"
                     if pyg_missing is not None:
                         row = {"status": pyg_missing, "ms": None}
@@ -600,7 +617,8 @@ def measure(
                         row["note"] = "bf16 autocast around PyG's forward"
                     group.append(row)
                     _progress(size_name, model, row)
-                base, pyg = group[0], group[len(QTRAIN_VARIANTS)]
+                base = group[0]
+                pyg = group[qtrain_rows] if with_pyg else {}
                 for row in group:
                     for key in (
                         "ms",
@@ -725,11 +743,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}"
     )
+    keys = [*VARIANT_KEYS, PYG_KEY]
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help=f"comma-separated rows beside FP32, of {', '.join(keys)} (default: all)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows there")
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     if not models or any(m not in MODELS for m in models):
         parser.error(f"--models takes names of {', '.join(MODELS)}")
+    variants = None
+    if args.variants is not None:
+        variants = frozenset(v for v in args.variants.split(",") if v)
+        if any(v not in keys for v in variants):
+            parser.error(f"--variants takes names of {', '.join(keys)}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(
             f"gpu_e2e: torch {torch.__version__} sees no CUDA device; use --device cpu",
@@ -762,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     started = time.perf_counter()
     try:
-        rows = measure(sizes, args.device, models)
+        rows = measure(sizes, args.device, models, variants)
     except E2EFailure as exc:
         rows, status = exc.rows, 1
         record["error"] = str(exc)

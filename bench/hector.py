@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _checkout  # noqa: F401  (qtrain from this checkout)
 import _pyg
 import torch
 import torch.nn.functional as F

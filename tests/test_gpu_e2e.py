@@ -165,3 +165,27 @@ def test_gpu_script_reports_a_failed_dgl_install(
     assert result["installed"] is False and result["returncode"] != 0
     assert result["error"].startswith("pip install from empty failed")
     assert "--no-index" in (tmp_path / "dgl.log").read_text()
+
+
+def test_variants_choose_rows_beside_fp32(tmp_path: Path) -> None:
+    """``--variants`` (a lent GPU's ten-minute call fits a few rows at products scale): the
+    rows named, always after FP32, and no PyG row unless named; an unknown name is refused."""
+    env = {**os.environ, "QTRAIN_DATA_DIR": str(tmp_path / "data")}
+    command = [sys.executable, "bench/gpu_e2e.py", "--device", "cpu", "--size", "tiny"]
+    done = subprocess.run(
+        [*command, "--models", "gcn", "--variants", "tango-nearest", "--json", str(tmp_path / "r")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads((tmp_path / "r").read_text())["rows"]
+    assert [r["variant"] for r in rows] == [QTRAIN[0], QTRAIN[3]]
+    assert rows[1]["ratio"] > 0 and rows[1]["ratio_vs_pyg_fp32"] is None
+    bad = subprocess.run(
+        [*command, "--variants", "tango,fp16"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode == 2
+    assert "--variants takes names of bf16, tango, tango-nearest" in bad.stderr.splitlines()[-1]
