@@ -44,6 +44,10 @@ def test_a_small_run_records_every_variant(hector: Any, tmp_path: Path) -> None:
     assert set(result["bars"]) == {"rgcn", "rgat", "hgt"}
     for bar in result["bars"].values():
         assert bar["train_geomean"] > 0 and bar["met"] == (bar["train_geomean"] >= bar["bar"])
+        assert bar["tango_met"] == (bar["tango_over_hector"] > 1.0)
+    rows = result["presets"]["aifb"]["models"]["rgcn"]
+    tango = rows["hector"]["train_ms"] / rows["hector+tango"]["train_ms"]
+    assert result["bars"]["rgcn"]["tango_over_hector"] == pytest.approx(tango)
     # compaction and reordering save fewer bytes for backward than the per-edge form
     assert rgat["plain"]["saved_ratio"] == 1.0
     assert rgat["compact"]["saved_ratio"] > 1.0 and rgat["reorder"]["saved_ratio"] > 1.0
