@@ -59,6 +59,24 @@ class TrainConfig:
         "CPU build)",
     )
     threads: int = option(0, "CPU threads for torch (0 = torch's default)", min=0)
+    numerics: Literal["float32", "gcint"] = option(
+        "float32",
+        "float32 (autograd, Adam, cross-entropy; [quant] plugins quantize inside it) or "
+        "gcint: the GCN trained integer-only (GCINT: int8 forward, backward, MSE loss and "
+        "integer SGD)",
+    )
+    gcint_quantizer: Literal["dyq", "stq"] = option(
+        "dyq",
+        "gcint: how activations go back to int8 after each product: dyq (the 7-bit window "
+        "holding the most values, per tensor) or stq (the fixed window at bit 7)",
+    )
+    gcint_lr_shift: int = option(
+        4,
+        "gcint: integer SGD step, W32 -= G8 * 2^shift (master weights carry 8 bits below "
+        "the int8 grid)",
+        min=0,
+        max=16,
+    )
 
     def validate(self) -> None:
         cores = os.cpu_count() or 1
@@ -76,6 +94,8 @@ class TrainConfig:
             raise ValueError("fanouts must be positive or -1 (all neighbours), not 0")
         if not self.fanouts:
             raise ValueError("fanouts must list one entry per GNN layer")
+        if self.numerics == "gcint" and self.mode != "full":
+            raise ValueError("numerics = 'gcint' trains full-graph only so far; use mode = 'full'")
 
 
 @dataclass(frozen=True)
@@ -264,15 +284,42 @@ def build_recipe(raw: Mapping[str, Any], name: str) -> Recipe:
     dataset_name, dataset_opts = _named(raw, "dataset", DATASETS)
     output = parse_section(OutputConfig, _table(raw, "output"), "output")
     output = replace(output, name=output.name or name)  # resolved once, so it round-trips
+    train = parse_section(TrainConfig, _table(raw, "train"), "train")
+    quant = parse_quant(_table(raw, "quant"))
+    distributed = parse_section(DistributedConfig, _table(raw, "distributed"), "distributed")
+    check_numerics(train, model_name, quant, distributed)
     return Recipe(
         name=output.name,
         model=ModelSection(model_name, model_opts),
         dataset=DatasetSection(dataset_name, dataset_opts),
-        train=parse_section(TrainConfig, _table(raw, "train"), "train"),
-        quant=parse_quant(_table(raw, "quant")),
-        distributed=parse_section(DistributedConfig, _table(raw, "distributed"), "distributed"),
+        train=train,
+        quant=quant,
+        distributed=distributed,
         output=output,
     )
+
+
+def check_numerics(
+    train: TrainConfig, model: str, quant: QuantSection, distributed: DistributedConfig
+) -> None:
+    """``train.numerics = "gcint"`` trains the built-in GCN in one process with its own
+    integer loop: no other model, no plugin beside it, no workers."""
+    if train.numerics != "gcint":
+        return
+    if model != "gcn":
+        raise RecipeError(
+            f"train.numerics = 'gcint' trains model 'gcn' only (GCINT's integer GCN), not "
+            f"{model!r}; set model.name = 'gcn' or train.numerics = 'float32'"
+        )
+    if quant.plugins:
+        raise RecipeError(
+            f"train.numerics = 'gcint' replaces the float training that plugins quantize; "
+            f"remove quant.plugin = {list(quant.plugins)} or set train.numerics = 'float32'"
+        )
+    if distributed.world_size > 1:
+        raise RecipeError(
+            "train.numerics = 'gcint' trains in one process; set distributed.world_size = 1"
+        )
 
 
 # A recipe is a short TOML file; reading stops past this, so a device (/dev/zero) or an

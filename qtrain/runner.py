@@ -15,6 +15,7 @@ from qtrain.errors import QtrainError
 from qtrain.plugin import Calibration, calibrator
 from qtrain.recipe import Recipe
 from qtrain.train import resume as resume_state
+from qtrain.train.loop import Trainer
 from qtrain.train.prepare import prepared
 from qtrain.train.progress import Reporter, make_reporter
 from qtrain.train.rundir import RunDir
@@ -46,9 +47,27 @@ def execute(
         payload = resume_state.load(resume_from)
         resume_state.check_resumable(payload, recipe, resume_from)
         run = RunDir(resume_from)
+    make_trainer = Trainer
+    if recipe.train.numerics == "gcint":
+        from qtrain.train.gcint import GcintTrainer
+
+        make_trainer = GcintTrainer
     with prepared(recipe) as (dataset, graph, model, device):
+        if recipe.train.numerics == "gcint" and dataset.metric != "accuracy":
+            raise QtrainError(
+                f"train.numerics = 'gcint' trains single-label classification (accuracy); "
+                f"dataset {recipe.dataset.name!r} is scored by {dataset.metric}"
+            )
         return train_prepared(
-            recipe, dataset, graph, model, device, reporter, run=run, resume=payload
+            recipe,
+            dataset,
+            graph,
+            model,
+            device,
+            reporter,
+            run=run,
+            make_trainer=make_trainer,
+            resume=payload,
         )
 
 

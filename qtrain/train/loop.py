@@ -157,9 +157,7 @@ class Trainer:
         self.loss_fn = loss_function(metric)
         self.metric_fn = metric_function(metric)
         self.minibatch = config.mode == "minibatch"
-        self.optimizer = torch.optim.Adam(
-            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
+        self.optimizer = self.make_optimizer()
 
         # The features, labels and masks stay in one place: on the device for
         # full-graph steps; on the CPU (next to the sampler) for mini-batches.
@@ -178,6 +176,12 @@ class Trainer:
 
         self.meter = ActivationMeter(model.parameters(), device)
         self._step_inputs = [self.feat, self.labels, *graph_tensors(self.graph)]
+
+    def make_optimizer(self) -> Any:
+        """Adam over the model's parameters (a trainer with its own update overrides this)."""
+        return torch.optim.Adam(
+            self.model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay
+        )
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

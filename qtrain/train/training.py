@@ -73,6 +73,7 @@ def train_prepared(
         "model": recipe.model.name,
         "dataset": recipe.dataset.name,
         "mode": recipe.train.mode,
+        "numerics": recipe.train.numerics,
         "seed": recipe.train.seed,
         "device": str(device),
         # who ran the graph primitives: qtrain's device route, or DGL's own kernels

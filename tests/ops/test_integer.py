@@ -1,0 +1,209 @@
+"""GCINT's integer numerics (qtrain.ops.integer) against scalar definitions written out
+here: the MSB histogram, DyQ's window, requantization, Q_w, and the exact int32
+products, on random inputs and edge cases, on every device present."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qtrain.ops import dispatch, integer
+from tests.ops.support import DEVICES, WIDTHS
+
+EDGE_VALUES = [0, 1, -1, 2, -2, 127, 128, -129, 255, 2**24, -(2**24) - 1, 2**31 - 1, -(2**31)]
+
+
+def _msb(v: int) -> int | None:
+    return None if v == 0 else abs(v).bit_length() - 1
+
+
+def _requantize(v: int, shift: int) -> int:
+    m = abs(v)
+    if shift:
+        m = (m + (1 << (shift - 1))) >> shift
+    m = min(m, 127)
+    return -m if v < 0 else m
+
+
+def _random_int32(n: int, seed: int, spread: int = 31) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(0, spread, (n,), generator=g)
+    mags = torch.randint(0, 2**31 - 1, (n,), generator=g, dtype=torch.int64) >> (31 - bits)
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1, 1)
+    return (mags * sign).to(torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_msb_histogram_counts_leading_ones(device: str) -> None:
+    x = torch.cat([torch.tensor(EDGE_VALUES, dtype=torch.int32), _random_int32(500, 0)])
+    hist = integer.msb_histogram(x.to(device)).cpu()
+    expected = [0] * 32
+    for v in x.tolist():
+        if (bit := _msb(v)) is not None:
+            expected[bit] += 1
+    assert hist.tolist() == expected
+    assert hist[31] == 1  # only -2^31 reaches bit 31
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(4))
+def test_dyq_shift_is_the_fullest_window(device: str, seed: int) -> None:
+    x = _random_int32(300, seed, spread=12 + 4 * seed)
+    counts = [0] * 32
+    for v in x.tolist():
+        if (bit := _msb(v)) is not None:
+            counts[bit] += 1
+    windows = [sum(counts[k : k + 7]) for k in range(26)]
+    assert integer.dyq_shift(x.to(device)) == windows.index(max(windows))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dyq_shift_edge_cases(device: str) -> None:
+    zeros = torch.zeros(5, 3, dtype=torch.int32, device=device)
+    assert integer.dyq_shift(zeros) == 0
+    assert integer.dyq_shift(torch.zeros(0, 4, dtype=torch.int32, device=device)) == 0
+    # every value in bits 0..6: every window from k = 0 holds all of them, the lowest wins
+    small = torch.tensor([1, -5, 100, 127], dtype=torch.int32, device=device)
+    assert integer.dyq_shift(small) == 0
+    # one large constant: the windows that contain bit 20 tie; the lowest is 14
+    constant = torch.full((7,), 2**20 + 3, dtype=torch.int32, device=device)
+    assert integer.dyq_shift(constant) == 14
+    # the top window is k = 25 (bits 25..31)
+    top = torch.tensor([-(2**31), 2**31 - 1], dtype=torch.int32, device=device)
+    assert integer.dyq_shift(top) == 25
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shift", [0, 1, 6, 7, 13, 25])
+def test_requantize_rounds_saturates_and_keeps_the_sign(device: str, shift: int) -> None:
+    x = torch.cat([torch.tensor(EDGE_VALUES, dtype=torch.int32), _random_int32(400, shift)])
+    got = integer.requantize(x.to(device), shift)
+    assert got.dtype == torch.int8 and got.device.type == torch.device(device).type
+    assert got.cpu().tolist() == [_requantize(v, shift) for v in x.tolist()]
+    assert int(got.abs().max()) <= 127
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dyq_and_stq_are_requantize_at_their_windows(device: str) -> None:
+    x = _random_int32(64, 7, spread=18).view(8, 8).to(device)
+    q, shift = integer.dyq(x)
+    assert shift == integer.dyq_shift(x)
+    assert torch.equal(q, integer.requantize(x, shift))
+    assert torch.equal(integer.stq(x), integer.requantize(x, 7))
+
+
+def test_requantize_refuses_bad_arguments() -> None:
+    x = torch.ones(3, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"requantize: shift must be in 0\.\.25, got 26"):
+        integer.requantize(x, 26)
+    with pytest.raises(ValueError, match="got -1"):
+        integer.requantize(x, -1)
+    with pytest.raises(TypeError, match=r"requantize: expects an int32 tensor, got torch\.float32"):
+        integer.requantize(torch.ones(3), 7)
+    with pytest.raises(TypeError, match="msb_histogram: expects an int32 tensor"):
+        integer.msb_histogram(torch.ones(3, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_weights_is_the_ceiling_of_w_times_127_over_max(device: str) -> None:
+    w = torch.tensor([[300, -300, 1, -1], [0, 150, -151, 7]], dtype=torch.int32)
+    got = integer.quantize_weights(w.to(device)).cpu()
+    expected = [[math.ceil(v * 127 / 300) for v in row] for row in w.tolist()]
+    assert got.tolist() == expected
+    assert got.dtype == torch.int8 and int(got.abs().max()) == 127
+    zero = torch.zeros(3, 2, dtype=torch.int32, device=device)
+    assert integer.quantize_weights(zero).abs().sum() == 0
+    assert integer.quantize_weights(torch.zeros(0, 2, dtype=torch.int32)).shape == (0, 2)
+    constant = torch.full((2, 3), -9, dtype=torch.int32, device=device)
+    assert integer.quantize_weights(constant).cpu().unique().tolist() == [-127]
+
+
+def _int8(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_int_gemm_is_exact(device: str, width: int) -> None:
+    a, b = _int8((37, width), width), _int8((width, 11), width + 1)
+    dispatch.reset()
+    got = integer.int_gemm(a.to(device), b.to(device))
+    assert got.dtype == torch.int32 and got.shape == (37, 11)
+    assert torch.equal(got.cpu().to(torch.int64), a.to(torch.int64) @ b.to(torch.int64))
+    assert dispatch.snapshot()["int_gemm"] == {"torch._int_mm": 1}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("m", "k", "n"), [(0, 4, 3), (4, 0, 3), (4, 3, 0), (1, 1, 1), (5, 9, 7)])
+def test_int_gemm_edge_shapes(device: str, m: int, k: int, n: int) -> None:
+    a, b = _int8((m, k), 0), _int8((k, n), 1)
+    got = integer.int_gemm(a.to(device), b.to(device)).cpu()
+    assert torch.equal(got.to(torch.int64), a.to(torch.int64) @ b.to(torch.int64))
+
+
+def test_padding_for_cublaslt_leaves_the_product_unchanged() -> None:
+    """The CUDA path pads to cuBLASLt's shapes (M > 16, K and N multiples of 8) with
+    zeros; on the CPU the padded product, sliced back, is the same."""
+    a, b = _int8((5, 9), 2), _int8((9, 7), 3)
+    pa, pb = integer._padded_for_int_mm(a, b)
+    assert pa.shape == (17, 16) and pb.shape == (16, 8)
+    assert torch.equal(torch._int_mm(pa, pb)[:5, :7], torch._int_mm(a, b))
+
+
+def test_int_gemm_refuses_bad_operands() -> None:
+    with pytest.raises(TypeError, match=r"int_gemm: expects an int8 tensor, got torch\.float32"):
+        integer.int_gemm(torch.ones(2, 2), _int8((2, 2), 0))
+    with pytest.raises(
+        ValueError, match=r"int_gemm: needs \[M, K\] @ \[K, N\], got \[2, 3\] @ \[2, 2\]"
+    ):
+        integer.int_gemm(_int8((2, 3), 0), _int8((2, 2), 0))
+
+
+def _dense(src: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, rows: int, cols: int):
+    a = torch.zeros(rows, cols, dtype=torch.int64)
+    for s, d, v in zip(src.tolist(), dst.tolist(), values.tolist(), strict=True):
+        a[d, s] += v
+    return a
+
+
+def _graph(kind: str, nodes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    if kind == "empty":
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    if kind == "hub":  # a power-law-like hub: every node points at node 0, plus a few more
+        src = torch.cat([torch.arange(nodes), torch.randint(0, nodes, (nodes,), generator=g)])
+        dst = torch.cat(
+            [torch.zeros(nodes, dtype=torch.int64), torch.randint(0, nodes, (nodes,), generator=g)]
+        )
+        return src, dst
+    # random with zero-in-degree nodes: destinations only in the first half
+    src = torch.randint(0, nodes, (3 * nodes,), generator=g)
+    dst = torch.randint(0, nodes // 2, (3 * nodes,), generator=g)
+    return src, dst
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["empty", "hub", "random"])
+@pytest.mark.parametrize("width", [1, 3, 16, 33])
+def test_int_spmm_is_exact(device: str, kind: str, width: int) -> None:
+    nodes = 40
+    src, dst = _graph(kind, nodes, width)
+    values = _int8((src.numel(),), width + 5)
+    x = _int8((nodes, width), width + 6)
+    got = integer.int_spmm(src.to(device), dst.to(device), values.to(device), x.to(device), nodes)
+    assert got.dtype == torch.int32 and got.shape == (nodes, width)
+    expected = _dense(src, dst, values, nodes, nodes) @ x.to(torch.int64)
+    assert torch.equal(got.cpu().to(torch.int64), expected)
+    if kind == "random":  # nodes without in-edges get zero rows
+        assert got[nodes // 2 :].abs().sum() == 0
+
+
+def test_int_spmm_refuses_bad_operands() -> None:
+    src = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="int_spmm: src, dst and values must be 1-d and of one"):
+        integer.int_spmm(src, torch.tensor([0]), _int8((2,), 0), _int8((2, 2), 0), 2)
+    with pytest.raises(TypeError, match=r"int_spmm: expects an int8 tensor, got torch\.float32"):
+        integer.int_spmm(src, src, torch.ones(2), _int8((2, 2), 0), 2)
