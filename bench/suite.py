@@ -639,40 +639,34 @@ def cases_hector(raw: dict[str, Any]) -> list[dict[str, Any]]:
                     "pass": bool(checked["met"]),
                 }
             )
-        geo = (math.exp(statistics.fmean(map(math.log, ms))) for ms in (mine_ms, base_ms))
         out.append(
-            case(
-                "hector",
+            _geomean_case(
                 f"{model.upper()} geo-mean over {len(mine_ms)} presets",
-                "training step",
-                "ms",
-                next(geo),
-                "baseline",
-                next(geo),
-                None,
+                mine_ms,
+                base_ms,
                 baseline_what=what,
                 bar=f"geo-mean >= {bar['bar']:.0f}x",
                 **{"pass": bool(bar["met"])},
                 more_bars=more,
             )
         )
-        geo = (math.exp(statistics.fmean(map(math.log, ms))) for ms in (tango_ms, hector_ms))
         out.append(
-            case(
-                "hector",
+            _geomean_case(
                 f"{model.upper()} hector+tango, geo-mean over {len(tango_ms)} presets",
-                "training step",
-                "ms",
-                next(geo),
-                "baseline",
-                next(geo),
-                None,
+                tango_ms,
+                hector_ms,
                 baseline_what="the same layer under the hector plugin alone",
                 bar="faster (geo-mean > 1x)",
                 **{"pass": bool(bar["tango_met"])},
             )
         )
     return out
+
+
+def _geomean_case(name: str, mine_ms: list[float], base_ms: list[float], **extra: Any):
+    """A hector bar: the geo-means of a variant's and its baseline's training steps."""
+    mine, base = (math.exp(statistics.fmean(map(math.log, ms))) for ms in (mine_ms, base_ms))
+    return case("hector", name, "training step", "ms", mine, "baseline", base, None, **extra)
 
 
 HECTOR_LAYERS = {"rgcn": "RelGraphConv", "hgt": "HGTConv", "rgat": "RGAT"}
