@@ -303,7 +303,7 @@ def bars(results: dict[str, Any], models: list[str]) -> dict[str, Any]:
     for model in models:
         variant, baseline, bar = BARS[model]
         ratios = [entry["models"][model][variant]["train_speedup"] for entry in results.values()]
-        geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        geomean = _geomean(ratios)
         rows = [entry["models"][model] for entry in results.values()]
         tango = _geomean([r[under]["train_ms"] / r[top]["train_ms"] for r in rows])
         out[model] = {

@@ -7,7 +7,7 @@ Per layer ``l`` (equations 5, 8 and 9), with ``A`` the GCN-normalised adjacency
     forward   X[l+1] = Q(SPMM(A, Q(GEMM(X[l], W[l]))))            Q: DyQ, or StQ if chosen
     backward  T      = StQ(SPMM(A^T, E[l+1]))
               G[l]   = DyQ(GEMM(X[l]^T, T))
-              E[l]   = StQ(GEMM(T, W[l]^T)), masked by the ReLU and dropout of X[l]
+              E[l]   = StQ(GEMM(T, W[l]^T)), masked by the ReLU of X[l]
     loss      E[L]   = X[L] - 127 * onehot(label), on the training nodes (MSE, no softmax)
     update    W32[l] -= G[l] * 2^lr_shift;  W[l] = Q_w(W32[l])
 
@@ -89,6 +89,7 @@ class Saved:
 
     inputs: list[Tensor]  # each layer's input after dropout
     positive: list[Tensor]  # each hidden layer's ReLU mask (output > 0)
+    weights: list[Tensor]  # the int8 weights the forward used (parameters, not counted)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in [*self.inputs, *self.positive])
@@ -113,7 +114,6 @@ class IntegerGCN(nn.Module):
         self.dropout = float(dropout)
         self.input_dropout = float(input_dropout)
         self.quantizer: Quantizer = quantizer
-        self.shifts: list[int] = []  # the windows the last forward chose (DyQ's k per product)
 
     @classmethod
     def from_gcn(cls, model: Any, quantizer: Quantizer = "dyq") -> IntegerGCN:
@@ -129,18 +129,12 @@ class IntegerGCN(nn.Module):
         return [integer.quantize_weights(self.master(i)) for i in range(self.num_layers)]
 
     def _window(self, x: Tensor) -> Tensor:
-        if self.quantizer == "stq":
-            self.shifts.append(integer.STATIC_SHIFT)
-            return integer.stq(x)
-        out, shift = integer.dyq(x)
-        self.shifts.append(shift)
-        return out
+        return integer.stq(x) if self.quantizer == "stq" else integer.dyq(x)[0]
 
     def forward(self, graph: IntegerGraph, x: Tensor, train: bool = False) -> tuple[Tensor, Saved]:
         """int8 logits of every node, and what the backward needs (``train``: dropout on)."""
         weights = self.int8_weights()
-        saved = Saved([], [])
-        self.shifts = []
+        saved = Saved([], [], weights)
         h = x
         for i, w in enumerate(weights):
             p = self.input_dropout if i == 0 else self.dropout
@@ -157,7 +151,7 @@ class IntegerGCN(nn.Module):
 
     def backward(self, graph: IntegerGraph, saved: Saved, error: Tensor) -> list[Tensor]:
         """int8 gradients of every layer's weights from the int8 output error."""
-        weights = self.int8_weights()
+        weights = saved.weights
         grads: list[Tensor] = [error] * self.num_layers
         for i in reversed(range(self.num_layers)):
             t = integer.stq(graph.spmm_transposed(error))
