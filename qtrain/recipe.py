@@ -73,8 +73,9 @@ class TrainConfig:
     gcint_lr_shift: int = option(
         4,
         "gcint: integer SGD step, W32 -= G8 * 2^shift (master weights carry 8 bits below "
-        "the int8 grid)",
-        min=0,
+        "the int8 grid; a negative shift divides, rounded to nearest: mini-batches take "
+        "many small steps)",
+        min=-7,
         max=16,
     )
 
@@ -94,8 +95,6 @@ class TrainConfig:
             raise ValueError("fanouts must be positive or -1 (all neighbours), not 0")
         if not self.fanouts:
             raise ValueError("fanouts must list one entry per GNN layer")
-        if self.numerics == "gcint" and self.mode != "full":
-            raise ValueError("numerics = 'gcint' trains full-graph only so far; use mode = 'full'")
 
 
 @dataclass(frozen=True)

@@ -46,3 +46,17 @@ def test_a_run_that_fails_is_a_row_not_the_end(gcint: Any) -> None:
     rows = gcint.summarize([{"status": "failed: the run diverged at epoch 3"}])
     assert rows["completed"] == 0 and rows["epoch_ms"] is None and rows["test_acc"] is None
     assert rows["statuses"] == ["failed: the run diverged at epoch 3"]
+
+
+def test_variants_choose_the_rows_and_fp32_always_runs(gcint: Any, tmp_path: Path) -> None:
+    out = tmp_path / "gcint.json"
+    argv = ["--datasets", "synthetic-small", "--seeds", "1", "--epochs", "2"]
+    argv += ["--set", "dataset.nodes=200", "--set", "train.mode=minibatch"]
+    argv += ["--set", "train.fanouts=[3, 3]", "--set", "train.batch_size=32"]
+    argv += ["--variants", "gcint stq", "--json", str(out)]
+    assert gcint.main(argv) == 0
+    rows = json.loads(out.read_text())["results"]["synthetic-small"]
+    assert list(rows) == ["fp32", "gcint stq"]
+    assert all(row["completed"] == 1 for row in rows.values())
+    with pytest.raises(SystemExit):
+        gcint.main(["--variants", "bf16"])

@@ -120,6 +120,14 @@ inline void gemm_bias(const char* fn, const std::optional<at::Tensor>& bias, int
   same_device(fn, "bias", t, first, device);
 }
 
+// ---------------------------------------------------------------- GCINT (requantize, dyq)
+
+// The lowest bit of GCINT's 7-bit window: 0..25, so the window ends at bit 31 at most.
+inline void window_shift(const char* fn, int64_t shift) {
+  TORCH_CHECK_VALUE(shift >= 0 && shift <= 25, fn, ": shift must be an integer in 0..25, got ",
+                    shift);
+}
+
 // ---------------------------------------------------------------- row codecs, bit packing
 
 // Bits per value of the row codecs and bit packing (ops/quantize_rows.cpp and the rest).

@@ -2,7 +2,8 @@
 // (cpu/int8_gemm_kernel.cpp), which quantized_gemm's CPU kernel
 // (cpu/quantized_gemm_kernel.cpp) calls directly rather than through the dispatcher, and
 // its variant into a given output, which int8_segment_gemm's CPU kernel
-// (cpu/int8_segment_gemm_kernel.cpp) calls once per segment.
+// (cpu/int8_segment_gemm_kernel.cpp) calls once per segment, and the int32-output variant of
+// int8_gemm_int32.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +27,12 @@ at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
 void int8_gemm_out(const at::Tensor& qa, const at::Tensor& qb, double scale,
                    c10::string_view layout, const std::optional<at::Tensor>& bias,
                    const at::Tensor& out);
+
+// int8_gemm_int32's CPU kernel (cpu/int8_gemm_int32_kernel.cpp): the exact int32 sums
+// sum_k qa * qb (saturated where K > 131071 lets them leave int32) written into `out`, a
+// contiguous int32 [M, N] CPU tensor; the same packing, tiles and threads as int8_gemm.
+void int8_gemm_int32_out(const at::Tensor& qa, const at::Tensor& qb, c10::string_view layout,
+                         const at::Tensor& out);
 
 }  // namespace cpu
 }  // namespace qtrain

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -81,8 +82,9 @@ struct TileArgs {
   int64_t steps;       // k-steps (4 k each for VNNI, 2 for the int16 families)
   const int8_t* tail;  // VNNI only: one more k-step from a [rows][4] byte buffer, or null
   const void* b;       // packed B panel at k-step 0
-  // store epilogue
+  // store epilogue: float32 c (int8_gemm), or exact int32 c32 (int8_gemm_int32) when set
   float* c;
+  int32_t* c32;
   int64_t ldc;
   int ncols;            // valid columns of the tile
   const float* bias;    // at the tile's first column, or null
@@ -191,6 +193,10 @@ QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], con
       for (int v = 0; v < NV; ++v) {
         __m512i sum = acc[r][v];
         if constexpr (CORR) sum = _mm512_sub_epi32(sum, corr[v]);
+        if (t.c32 != nullptr) {
+          _mm512_mask_storeu_epi32(t.c32 + r * t.ldc + 16 * v, mask[v], sum);
+          continue;
+        }
         __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), vs);
         if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
         if (full) {
@@ -336,6 +342,10 @@ QT_TARGET_AVX2 void tile_avx2(const TileArgs& t) {
     }
     for (int r = 0; r < R; ++r) {
       for (int v = 0; v < NV; ++v) {
+        if (t.c32 != nullptr) {
+          _mm256_maskstore_epi32(t.c32 + r * t.ldc + 8 * v, mask[v], acc[r][v]);
+          continue;
+        }
         __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), vs);
         if (t.bias != nullptr) f = _mm256_add_ps(f, bias[v]);
         _mm256_maskstore_ps(t.c + r * t.ldc + 8 * v, mask[v], f);
@@ -364,6 +374,8 @@ void tile_default(const TileArgs& t) {
   for (int r = 0; r < R; ++r) {
     if constexpr (ACC64) {
       for (int c = 0; c < 16; ++c) t.c64[r * t.ldc64 + c] += acc[r][c];
+    } else if (t.c32 != nullptr) {
+      for (int c = 0; c < t.ncols; ++c) t.c32[r * t.ldc + c] = acc[r][c];
     } else {
       for (int c = 0; c < t.ncols; ++c) {
         float f = static_cast<float>(acc[r][c]) * t.scale;
@@ -440,7 +452,8 @@ struct Problem {
   char layout;  // 'n' = "nn", 't' = "nt", 'T' = "tn"
   float scale;
   const float* bias;  // [N] or null
-  float* out;         // [M, N]
+  float* out;         // [M, N], or null when out32 is set
+  int32_t* out32;     // [M, N] exact int32 sums (int8_gemm_int32), or null
 };
 
 // A's element (m, k) is at a[m * a_sm + k * a_sk]; B's (k, n) at b[k * b_sk + n * b_sn].
@@ -451,9 +464,21 @@ void strides(const Problem& p, int64_t& a_sm, int64_t& a_sk, int64_t& b_sk, int6
   b_sn = p.layout == 't' ? p.K : 1;
 }
 
-// out = fl32(float(acc - corr[n]) * scale) (+ bias[n]) for an int64 block.
+// out = fl32(float(acc - corr[n]) * scale) (+ bias[n]) for an int64 block, or into out32
+// the sum itself, saturated to int32.
 void finalize(const int64_t* acc, int64_t ld, int64_t rows, int64_t cols, const int64_t* corr,
-              float scale, const float* bias, float* out, int64_t ldo) {
+              float scale, const float* bias, float* out, int32_t* out32, int64_t ldo) {
+  if (out32 != nullptr) {
+    constexpr int64_t lo = std::numeric_limits<int32_t>::min();
+    constexpr int64_t hi = std::numeric_limits<int32_t>::max();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t v = acc[r * ld + c] - (corr != nullptr ? corr[c] : 0);
+        out32[r * ldo + c] = static_cast<int32_t>(std::min(hi, std::max(lo, v)));
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
       float f = static_cast<float>(acc[r * ld + c] - (corr != nullptr ? corr[c] : 0)) * scale;
@@ -598,7 +623,8 @@ void gemm_rows(const Problem& p) {
           ta.steps = direct_steps;
           ta.tail = direct_a && p.K % 4 != 0 ? tail : nullptr;
           ta.b = bpanel;
-          ta.c = p.out + m0 * p.N + n0;
+          ta.c = p.out != nullptr ? p.out + m0 * p.N + n0 : nullptr;
+          ta.c32 = p.out32 != nullptr ? p.out32 + m0 * p.N + n0 : nullptr;
           ta.ldc = p.N;
           ta.ncols = nc;
           ta.bias = p.bias != nullptr ? p.bias + n0 : nullptr;
@@ -625,7 +651,9 @@ void gemm_rows(const Problem& p) {
           fn(ta);
         }
         finalize(tile64.data(), F::kNR, rows, nc, F::kBytes ? corr64.data() + n0 : nullptr,
-                 p.scale, p.bias != nullptr ? p.bias + n0 : nullptr, p.out + m0 * p.N + n0, p.N);
+                 p.scale, p.bias != nullptr ? p.bias + n0 : nullptr,
+                 p.out != nullptr ? p.out + m0 * p.N + n0 : nullptr,
+                 p.out32 != nullptr ? p.out32 + m0 * p.N + n0 : nullptr, p.N);
       }
     }
   });
@@ -720,7 +748,7 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
       for (int64_t n = 0; n < Np; ++n) corr[n] += 128 * sc.cs[n];
     }
   }
-  finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.bias, p.out, p.N);
+  finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.bias, p.out, p.out32, p.N);
 }
 
 // "tn" strategy: QTRAIN_GEMM_TN=split|rows forces one (tests and benchmarks), else auto.
@@ -750,37 +778,8 @@ void gemm_family(const Problem& p) {
   gemm_rows<F>(p);
 }
 
-}  // namespace
-
-// ---------------------------------------------------------------- op
-
-namespace cpu {
-
-void int8_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
-                   c10::string_view layout, const std::optional<at::Tensor>& bias_in,
-                   const at::Tensor& out) {
-  const char lay = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
-  const int64_t M = lay == 'T' ? qa_in.size(1) : qa_in.size(0);
-  const int64_t K = lay == 'T' ? qa_in.size(0) : qa_in.size(1);
-  const int64_t N = lay == 't' ? qb_in.size(0) : qb_in.size(1);
-  TORCH_INTERNAL_ASSERT(out.scalar_type() == at::kFloat && out.is_contiguous() &&
-                        out.dim() == 2 && out.size(0) == M && out.size(1) == N);
-  if (M == 0 || N == 0) return;
-  at::Tensor bias;
-  if (bias_in.has_value() && bias_in->defined()) bias = bias_in->to(at::kFloat).contiguous();
-  const at::Tensor qa = qa_in.contiguous();
-  const at::Tensor qb = qb_in.contiguous();
-
-  Problem p{};
-  p.a = qa.const_data_ptr<int8_t>();
-  p.b = qb.const_data_ptr<int8_t>();
-  p.M = M;
-  p.N = N;
-  p.K = K;
-  p.layout = lay;
-  p.scale = static_cast<float>(scale);
-  p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
-  p.out = out.mutable_data_ptr<float>();
+// Runs p on the family of the ISA in use.
+void run_problem(const Problem& p) {
 #if QT_X86_DISPATCH
   switch (isa::variant()) {
     case isa::kAvx512Vnni:
@@ -797,6 +796,54 @@ void int8_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in, double scal
   }
 #endif
   gemm_family<Portable>(p);
+}
+
+// The problem of stored operands qa, qb (contiguous) in `layout`.
+Problem problem_of(const at::Tensor& qa, const at::Tensor& qb, c10::string_view layout) {
+  Problem p{};
+  p.layout = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
+  p.M = p.layout == 'T' ? qa.size(1) : qa.size(0);
+  p.K = p.layout == 'T' ? qa.size(0) : qa.size(1);
+  p.N = p.layout == 't' ? qb.size(0) : qb.size(1);
+  p.a = qa.const_data_ptr<int8_t>();
+  p.b = qb.const_data_ptr<int8_t>();
+  return p;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- op
+
+namespace cpu {
+
+void int8_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
+                   c10::string_view layout, const std::optional<at::Tensor>& bias_in,
+                   const at::Tensor& out) {
+  at::Tensor bias;
+  if (bias_in.has_value() && bias_in->defined()) bias = bias_in->to(at::kFloat).contiguous();
+  const at::Tensor qa = qa_in.contiguous();
+  const at::Tensor qb = qb_in.contiguous();
+  Problem p = problem_of(qa, qb, layout);
+  TORCH_INTERNAL_ASSERT(out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                        out.dim() == 2 && out.size(0) == p.M && out.size(1) == p.N);
+  if (p.M == 0 || p.N == 0) return;
+  p.scale = static_cast<float>(scale);
+  p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  p.out = out.mutable_data_ptr<float>();
+  run_problem(p);
+}
+
+void int8_gemm_int32_out(const at::Tensor& qa_in, const at::Tensor& qb_in,
+                         c10::string_view layout, const at::Tensor& out) {
+  const at::Tensor qa = qa_in.contiguous();
+  const at::Tensor qb = qb_in.contiguous();
+  Problem p = problem_of(qa, qb, layout);
+  TORCH_INTERNAL_ASSERT(out.scalar_type() == at::kInt && out.is_contiguous() && out.dim() == 2 &&
+                        out.size(0) == p.M && out.size(1) == p.N);
+  if (p.M == 0 || p.N == 0) return;
+  p.scale = 1.0f;
+  p.out32 = out.mutable_data_ptr<int32_t>();
+  run_problem(p);
 }
 
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,

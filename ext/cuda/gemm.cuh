@@ -37,6 +37,11 @@
 // product dW = X^T dY), split K across blocks (grid.z): each block adds its int32
 // partial into an int64 workspace with atomicAdd (integer adds: order-free, so
 // deterministic), and a second kernel applies the float epilogue.
+//
+// int8_gemm_int32 (cuda/int8_gemm_int32_kernel.cu; reference qtrain/ops/integer.py
+// reference_int_gemm) sets Epilogue::out_i32 instead of out: the epilogue stores the int32
+// accumulators as they are (exact, |acc| <= 2^30 per K-chunk), and the split-K finalize
+// stores the int64 sum saturated to int32.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -46,6 +51,7 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
+#include "cuda/integer.cuh"
 
 namespace qtrain {
 namespace cuda {
@@ -93,6 +99,7 @@ struct Epilogue {
   uint64_t offset_a;
   const float* bias;         // [N] or null
   float* out;                // [M, N], contiguous, 4-byte aligned (a slice of a larger output)
+  int32_t* out_i32;          // int8_gemm_int32: exact int32 [M, N] (out unused), or null
   unsigned long long* ws;    // split-K int64 workspace [M, N], or null
   uint32_t* absmax_out;      // bit-pattern max of |C|, or null
 };
@@ -384,6 +391,15 @@ __global__ void __launch_bounds__(NT, 2)
             if (two) atomicAdd(ep.ws + at + 1, static_cast<unsigned long long>(static_cast<long long>(c1)));
             continue;
           }
+          if (ep.out_i32 != nullptr) {  // int8_gemm_int32: the exact sums themselves
+            if (two && (reinterpret_cast<uintptr_t>(ep.out_i32 + at) & 7u) == 0) {
+              *reinterpret_cast<int2*>(ep.out_i32 + at) = make_int2(c0, c1);
+            } else {
+              ep.out_i32[at] = c0;
+              if (two) ep.out_i32[at + 1] = c1;
+            }
+            continue;
+          }
           float f0 = __fmul_rn(__int2float_rn(c0), scale);
           float f1 = __fmul_rn(__int2float_rn(c1), scale);
           if (ep.bias != nullptr) {
@@ -410,7 +426,8 @@ __global__ void __launch_bounds__(NT, 2)
   }
 }
 
-// Split-K epilogue: C = fl32(float(ws) * scale) (+ bias), absmax of C.
+// Split-K epilogue: C = fl32(float(ws) * scale) (+ bias), absmax of C; or, with out_i32,
+// C = saturate_int32(ws).
 template <bool QUANTIZED>
 __global__ void __launch_bounds__(NT)
     finalize_kernel(const long long* __restrict__ ws, int64_t M, int64_t N, Epilogue ep) {
@@ -424,6 +441,10 @@ __global__ void __launch_bounds__(NT)
   uint32_t amax = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
+    if (ep.out_i32 != nullptr) {
+      ep.out_i32[i] = saturate_int32(ws[i]);
+      continue;
+    }
     float f = __fmul_rn(__ll2float_rn(ws[i]), scale);
     if (ep.bias != nullptr) f = __fadd_rn(f, __ldg(ep.bias + i % N));
     ep.out[i] = f;
@@ -446,7 +467,7 @@ void launch_layout(const Operand& A, const Operand& B, int64_t K, int64_t k_chun
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Runs the product: A (int8 or float32 to quantize), B int8; fills ep.out.
+// Runs the product: A (int8 or float32 to quantize), B int8; fills ep.out (or ep.out_i32).
 // Launch limits are the only checks here (the op fronts made the rest): N at most
 // 65535 column blocks (the grid's y size), M at most 2^31 - 1 row blocks.
 template <typename TA>

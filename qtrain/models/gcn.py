@@ -88,10 +88,11 @@ class GCN(GNNModel):
         a hidden layer of rank 0's 4-worker arxiv block, forward and backward, one thread,
         took 410 ms instead of 1,011, ``bench/overlap_layer.py``), else the rows and
         ``block_weights``."""
+        # a block on the CPU beside features on a GPU (qtrain's route): the weights go to h
         scale = self.source_scale(block)
         if scale is None:
-            return h, self.block_weights(block)
-        return h * scale.view(-1, *([1] * (h.dim() - 1))).to(h.dtype), None
+            return h, self.block_weights(block).to(h.device)
+        return h * scale.view(-1, *([1] * (h.dim() - 1))).to(h.device, h.dtype), None
 
     def _kept(self, block: Any, kind: str, compute: Any) -> torch.Tensor | None:
         """``compute(block)``, kept for the last few blocks: a partition's blocks (and
@@ -140,6 +141,6 @@ class GCN(GNNModel):
             if h.shape[0] == graph.num_src_nodes():
                 h, weight = self.conv_inputs(graph, h)
             else:
-                weight = self.block_weights(graph)
+                weight = self.block_weights(graph).to(h.device)
         h = self.layers[i](graph, h, edge_weight=weight)
         return F.relu(h) if i < len(self.layers) - 1 else h

@@ -11,6 +11,12 @@ Per layer ``l`` (equations 5, 8 and 9), with ``A`` the GCN-normalised adjacency
     loss      E[L]   = X[L] - 127 * onehot(label), on the training nodes (MSE, no softmax)
     update    W32[l] -= G[l] * 2^lr_shift;  W[l] = Q_w(W32[l])
 
+On mini-batches each layer runs on its sampled block (DGL's message flow graph) instead
+of the whole graph: ``A`` is then the block's, with the float GCN's unbiased weights
+``sqrt(d_in(v) / d_out(u)) / block_in(v)`` (``qtrain.models.gcn``; the full graph's
+``1 / sqrt(d_out(u) d_in(v))`` wherever ``v`` keeps all its neighbours), and ``A^T`` takes
+the error from the block's destinations back to its sources.
+
 The numerics (DyQ, StQ, Q_w, the int32 products) are ``qtrain.ops.integer``'s.
 Choices the paper leaves open, and why:
 
@@ -21,6 +27,8 @@ Choices the paper leaves open, and why:
   a grid step would be lost. ``lr_shift`` sets the step: 4 (a gradient of 127 moves a
   weight 1/16 of the largest weight) trained Cora to 81.13 against FP32's 80.87 (3 seeds;
   5 gave 80.77; in a first prototype 2 and 3 gave 71.1 and 80.0, 0 gave 57.5).
+* A negative ``lr_shift`` divides the gradient, rounded to nearest: mini-batches take many
+  small steps where full-graph training takes one per epoch.
 * No bias (equation 1 has none); ``GraphConv``'s float bias is left out.
 * Dropout zeroes inputs without rescaling the kept ones: the next product's output is
   re-windowed by DyQ / StQ, so a constant factor changes nothing but the window. It acts
@@ -30,6 +38,8 @@ Choices the paper leaves open, and why:
 * The ReLU masks the error where the hidden output was not positive.
 * The output error saturates at int8 (``X - 127 * onehot`` reaches -254).
 * Nodes outside the training set contribute no error.
+* A sampled block's adjacency weight can exceed 1 (``d_in(v) >> d_out(u)``); it saturates
+  at 127 like every int8 value.
 """
 
 from __future__ import annotations
@@ -48,29 +58,93 @@ Quantizer = Literal["dyq", "stq"]
 
 
 @dataclass(frozen=True)
-class IntegerGraph:
-    """The graph as the integer GCN reads it: edges and their int8 normalised weights."""
+class IntCsr:
+    """A sparse int8 matrix in CSR: row ``r``'s entries are ``indptr[r] .. indptr[r + 1]``."""
 
-    src: Tensor
-    dst: Tensor
-    values: Tensor  # int8, ceil(A * 127)
-    num_nodes: int
+    indptr: Tensor
+    indices: Tensor
+    values: Tensor  # int8, in the order of indices
 
     @classmethod
-    def of(cls, graph: Any) -> IntegerGraph:
-        """From a DGL graph that already has its self-loops (``GCN.prepare_graph``)."""
-        src, dst = graph.edges()
+    def of(cls, rows: Tensor, cols: Tensor, values: Tensor, num_rows: int) -> IntCsr:
+        """The entries ``(rows[e], cols[e]) = values[e]``, grouped by row."""
+        order = torch.argsort(rows, stable=True)
+        indptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
+        indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=num_rows), 0)
+        return cls(indptr, cols[order], values[order])
+
+    def spmm(self, x: Tensor) -> Tensor:
+        return integer.int_spmm(self.indptr, self.indices, self.values, x)
+
+    def to(self, device: torch.device) -> IntCsr:
+        return IntCsr(self.indptr.to(device), self.indices.to(device), self.values.to(device))
+
+
+def adjacency_values(norm: Tensor) -> Tensor:
+    """GCINT's adjacency (figure 2): the normalised weights as ``ceil(a * 127)``, at most
+    127 (a sampled block's unbiased weight can exceed 1; it saturates)."""
+    return torch.ceil(norm * integer.INT8_MAX).clamp(max=integer.INT8_MAX).to(torch.int8)
+
+
+@dataclass(frozen=True)
+class IntegerGraph:
+    """A GCN layer's graph as the integer GCN reads it: the int8 normalised adjacency ``A``
+    by destination (the forward's product) and, for training, ``A^T`` by source (the
+    backward's). A full graph has ``num_src == num_dst``; a sampled block (DGL's message
+    flow graph) has its destinations as the first of its sources."""
+
+    a: IntCsr
+    a_t: IntCsr | None
+    num_src: int
+    num_dst: int
+
+    @classmethod
+    def of(cls, graph: Any, transposed: bool = True) -> IntegerGraph:
+        """A DGL graph that already has its self-loops (``GCN.prepare_graph``), normalised
+        ``1 / sqrt(d_out(u) d_in(v))``; ``transposed=False`` leaves out ``A^T`` (evaluation)."""
+        src, dst = (e.long() for e in graph.edges())
         out_deg = graph.out_degrees().to(torch.float64).clamp(min=1)
         in_deg = graph.in_degrees().to(torch.float64).clamp(min=1)
         norm = (out_deg[src] * in_deg[dst]).rsqrt()
-        values = torch.ceil(norm * integer.INT8_MAX).clamp(max=integer.INT8_MAX)
-        return cls(src.long(), dst.long(), values.to(torch.int8), graph.num_nodes())
+        nodes = graph.num_nodes()
+        return cls._of_edges(src, dst, adjacency_values(norm), nodes, nodes, transposed)
+
+    @classmethod
+    def of_block(cls, block: Any, full_out: Tensor, full_in: Tensor) -> IntegerGraph:
+        """A sampled block, with the full graph's out-degree of each source and in-degree of
+        each destination: the float GCN's unbiased block weights (``qtrain.models.gcn``)
+        folded into GraphConv's block normalisation, ``sqrt(d_in(v) / d_out(u)) /
+        block_in(v)`` per edge, which is ``1 / sqrt(d_out(u) d_in(v))`` when ``v`` keeps
+        all its neighbours."""
+        src, dst = (e.long() for e in block.edges())
+        block_in = block.in_degrees().to(torch.float64).clamp(min=1)
+        full_out = full_out.to(src.device, torch.float64)
+        full_in = full_in.to(src.device, torch.float64)
+        norm = (full_in[dst] / full_out[src]).sqrt() / block_in[dst]
+        values = adjacency_values(norm)
+        return cls._of_edges(src, dst, values, block.num_src_nodes(), block.num_dst_nodes(), True)
+
+    @classmethod
+    def _of_edges(
+        cls, src: Tensor, dst: Tensor, values: Tensor, num_src: int, num_dst: int, transposed: bool
+    ) -> IntegerGraph:
+        a = IntCsr.of(dst, src, values, num_dst)
+        a_t = IntCsr.of(src, dst, values, num_src) if transposed else None
+        return cls(a, a_t, num_src, num_dst)
+
+    def to(self, device: torch.device) -> IntegerGraph:
+        a_t = None if self.a_t is None else self.a_t.to(device)
+        return IntegerGraph(self.a.to(device), a_t, self.num_src, self.num_dst)
 
     def spmm(self, x: Tensor) -> Tensor:
-        return integer.int_spmm(self.src, self.dst, self.values, x, self.num_nodes)
+        """``A x``: int8 source rows to int32 destination rows."""
+        return self.a.spmm(x)
 
     def spmm_transposed(self, x: Tensor) -> Tensor:
-        return integer.int_spmm(self.dst, self.src, self.values, x, self.num_nodes)
+        """``A^T x``: int8 destination rows to int32 source rows."""
+        if self.a_t is None:
+            raise RuntimeError("this IntegerGraph was built for evaluation, without A^T")
+        return self.a_t.spmm(x)
 
 
 def integer_features(x: Tensor) -> Tensor:
@@ -131,12 +205,16 @@ class IntegerGCN(nn.Module):
     def _window(self, x: Tensor) -> Tensor:
         return integer.stq(x) if self.quantizer == "stq" else integer.dyq(x)[0]
 
-    def forward(self, graph: IntegerGraph, x: Tensor, train: bool = False) -> tuple[Tensor, Saved]:
-        """int8 logits of every node, and what the backward needs (``train``: dropout on)."""
+    def forward(
+        self, graphs: IntegerGraph | list[IntegerGraph], x: Tensor, train: bool = False
+    ) -> tuple[Tensor, Saved]:
+        """int8 logits of every destination node, and what the backward needs (``train``:
+        dropout on). ``graphs``: the full graph for every layer, or one block per layer."""
         weights = self.int8_weights()
         saved = Saved([], [], weights)
         h = x
         for i, w in enumerate(weights):
+            graph = graphs[i] if isinstance(graphs, list) else graphs
             p = self.input_dropout if i == 0 else self.dropout
             if train and p > 0:
                 keep = torch.rand(h.shape, device=h.device) >= p
@@ -149,15 +227,18 @@ class IntegerGCN(nn.Module):
                 h = torch.where(positive, h, torch.zeros_like(h))
         return h, saved
 
-    def backward(self, graph: IntegerGraph, saved: Saved, error: Tensor) -> list[Tensor]:
+    def backward(
+        self, graphs: IntegerGraph | list[IntegerGraph], saved: Saved, error: Tensor
+    ) -> list[Tensor]:
         """int8 gradients of every layer's weights from the int8 output error."""
         weights = saved.weights
         grads: list[Tensor] = [error] * self.num_layers
         for i in reversed(range(self.num_layers)):
+            graph = graphs[i] if isinstance(graphs, list) else graphs
             t = integer.stq(graph.spmm_transposed(error))
-            grads[i], _ = integer.dyq(integer.int_gemm(saved.inputs[i].t(), t))
+            grads[i], _ = integer.dyq(integer.int_gemm(saved.inputs[i], t, "tn"))
             if i > 0:
-                error = integer.stq(integer.int_gemm(t, weights[i].t()))
+                error = integer.stq(integer.int_gemm(t, weights[i], "nt"))
                 positive = saved.positive[i - 1]
                 error = torch.where(positive, error, torch.zeros_like(error))
         return grads
@@ -173,8 +254,10 @@ def output_error(logits: Tensor, labels: Tensor, train_idx: Tensor) -> Tensor:
 
 
 class IntegerSGD:
-    """Integer SGD (equation 6) on the master weights: ``W32 -= G * 2^lr_shift``. Stateless
-    apart from its setting, which is what it saves (a resumed run checks it)."""
+    """Integer SGD (equation 6) on the master weights: ``W32 -= G * 2^lr_shift``, and for a
+    negative ``lr_shift`` (the many small steps of mini-batches) ``G / 2^-lr_shift`` rounded to
+    nearest, in integers. Stateless apart from its setting, which is what it saves (a
+    resumed run checks it)."""
 
     def __init__(self, model: IntegerGCN, lr_shift: int) -> None:
         self.model = model
@@ -183,7 +266,10 @@ class IntegerSGD:
     def step(self, grads: list[Tensor]) -> None:
         for i, grad in enumerate(grads):
             master = self.model.master(i)
-            update = grad.to(torch.int32) << self.lr_shift
+            if self.lr_shift >= 0:
+                update = grad.to(torch.int32) << self.lr_shift
+            else:
+                update = integer.requantize(grad.to(torch.int32), -self.lr_shift).to(torch.int32)
             master.sub_(update).clamp_(-_MASTER_LIMIT, _MASTER_LIMIT)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -191,6 +191,24 @@ def int8_segment_gemm(qa: Tensor, qb: Tensor, offsets: Tensor, scale: float, lay
     return _empty(shape, torch.float32, qa)
 
 
+def int8_gemm_int32(qa: Tensor, qb: Tensor, layout: str) -> Tensor:
+    rows = qa.shape[1] if layout == "tn" else qa.shape[0]
+    cols = qb.shape[0] if layout == "nt" else qb.shape[1]
+    return _empty((rows, cols), torch.int32, qa)
+
+
+def int8_spmm(indptr: Tensor, indices: Tensor, values: Tensor, q: Tensor) -> Tensor:
+    return _empty((indptr.shape[0] - 1, q.shape[1]), torch.int32, q)
+
+
+def requantize(x: Tensor, shift: int) -> Tensor:
+    return _empty(x.shape, torch.int8, x)
+
+
+def dyq(x: Tensor) -> tuple[Tensor, Tensor]:
+    return _empty(x.shape, torch.int8, x), _empty((), torch.int64, x)
+
+
 # every op of the library, by name: a test checks that the library defines exactly these
 FAKES: dict[str, Callable[..., Any]] = {
     fn.__name__: fn
@@ -215,6 +233,10 @@ FAKES: dict[str, Callable[..., Any]] = {
         segment_matmul,
         segment_matmul_tn,
         int8_segment_gemm,
+        int8_gemm_int32,
+        int8_spmm,
+        requantize,
+        dyq,
     )
 }
 

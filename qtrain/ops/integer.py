@@ -22,12 +22,17 @@ Choices the paper leaves open, and why:
 * The histogram counts the position of each magnitude's leading one (equation 2's
   ``f(2^x)``: values in ``[2^x, 2^(x+1))``, both signs); zeros fall in no bin.
 * An all-zero tensor has ``k = 0`` and stays zero.
+* A product whose exact sum leaves int32 (more than 131071 terms of 127 x 127)
+  saturates at the int32 limits rather than wrapping: DyQ then sees it in the top bins.
 
-The functions are the pure-PyTorch definitions (the op library's kernels for the
-sparse product and the requantization are still to come: issue 28); the int8 x int8
-dense product runs on ``torch._int_mm`` (oneDNN's int8 kernels on the CPU, cuBLASLt on
-CUDA, with operands zero-padded to its shape rules there). Each call is counted in the
-run's ``kernels`` table (``int_gemm``, ``int_spmm``, ``requantize``).
+The ``reference_*`` functions are the pure-PyTorch definitions. The public functions run
+the op library's kernels (``torch.ops.qtrain.int8_gemm_int32`` / ``int8_spmm`` /
+``requantize`` / ``dyq``: VNNI on the CPU, tensor cores on CUDA; ``ext/README.md``) when
+they are built for the tensors' device, else the reference, through
+``qtrain.ops.dispatch`` like every primitive: each call is counted in the run's
+``kernels`` table (``int_gemm``, ``int_spmm``, ``requantize``, ``dyq``) with the backend
+that served it. DyQ's window is chosen on the tensor's device, so a CUDA step never
+waits for the host.
 """
 
 from __future__ import annotations
@@ -43,11 +48,25 @@ MAX_SHIFT = 25  # equation 2: k = 0 .. 25, so the window's top bit is at most 31
 STATIC_SHIFT = 7  # StQ: DyQ with k fixed at 7
 
 
-def _check_int(fn: str, x: Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+INT_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends of every op here
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _check_int(fn: str, x: object, dtypes: tuple[torch.dtype, ...]) -> Tensor:
     if not isinstance(x, Tensor) or x.dtype not in dtypes:
         names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         got = x.dtype if isinstance(x, Tensor) else type(x).__name__
         raise TypeError(f"{fn}: expects an {names} tensor, got {got}")
+    return x
+
+
+def _check_shift(fn: str, shift: object) -> int:
+    if isinstance(shift, bool) or not isinstance(shift, int) or not 0 <= shift <= MAX_SHIFT:
+        raise ValueError(f"{fn}: shift must be an integer in 0..{MAX_SHIFT}, got {shift!r}")
+    return shift
+
+
+# --------------------------------------------------------------------------- references
 
 
 def msb_histogram(x: Tensor) -> Tensor:
@@ -65,25 +84,16 @@ def msb_histogram(x: Tensor) -> Tensor:
     return torch.bincount(exponent.to(torch.int64) - 1, minlength=32)
 
 
-def dyq_shift(x: Tensor) -> int:
-    """DyQ's ``k``: the start of the 7-bit window of bit positions holding the most
-    nonzero magnitudes of int32 ``x`` (equation 2), the lowest ``k`` on ties."""
-    hist = msb_histogram(x)
+def window_shift(hist: Tensor) -> Tensor:
+    """DyQ's ``k`` from an MSB histogram (equation 2): the start of the 7-bit window that
+    holds the most nonzero magnitudes, the lowest ``k`` on ties; an int64 0-d tensor."""
     windows = hist.unfold(0, WINDOW, 1)[: MAX_SHIFT + 1].sum(dim=1)
-    return int(torch.argmax(windows))  # the first maximum: the lowest k
+    return torch.argmax(windows)  # the first maximum: the lowest k
 
 
-def requantize(x: Tensor, shift: int) -> Tensor:
+def reference_requantize(x: Tensor, shift: int) -> Tensor:
     """int32 ``x`` to int8 through the window ``[shift, shift + 6]``: the magnitude
     rounded to nearest at bit ``shift``, saturated at 127, the sign kept."""
-    _check_int("requantize", x, (torch.int32,))
-    if not 0 <= shift <= MAX_SHIFT:
-        raise ValueError(f"requantize: shift must be in 0..{MAX_SHIFT}, got {shift}")
-    with dispatch.call("requantize", "reference"):
-        return _requantize(x, shift)
-
-
-def _requantize(x: Tensor, shift: int) -> Tensor:
     magnitude = x.to(torch.int64).abs()
     if shift > 0:
         magnitude = (magnitude + (1 << (shift - 1))) >> shift
@@ -91,16 +101,69 @@ def _requantize(x: Tensor, shift: int) -> Tensor:
     return torch.where(x < 0, -magnitude, magnitude).to(torch.int8)
 
 
-def dyq(x: Tensor) -> tuple[Tensor, int]:
-    """Dynamic quantization (DyQ): int32 ``x`` to int8 through its fullest 7-bit
-    window; returns the int8 tensor and the window's ``k``."""
-    shift = dyq_shift(x)
-    return requantize(x, shift), shift
+def reference_dyq(x: Tensor) -> tuple[Tensor, Tensor]:
+    """DyQ by its definition: the histogram, the window, the requantization."""
+    shift = window_shift(msb_histogram(x))
+    return reference_requantize(x, int(shift)), shift
 
 
-def stq(x: Tensor) -> Tensor:
+def reference_int_gemm(a: Tensor, b: Tensor, layout: str = "nn") -> Tensor:
+    """The exact product in float64 (every partial sum of int8 products is an integer
+    below 2^53, so any summation order is exact), saturated to int32."""
+    a = a.t() if layout == "tn" else a
+    b = b.t() if layout == "nt" else b
+    out = a.to(torch.float64) @ b.to(torch.float64)
+    return out.clamp(_INT32_MIN, _INT32_MAX).to(torch.int32)
+
+
+def reference_int_spmm(indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor) -> Tensor:
+    """``out[r] = sum over k in indptr[r] .. indptr[r + 1] of values[k] * x[indices[k]]``,
+    summed in int64 and saturated to int32."""
+    rows = indptr.numel() - 1
+    out = torch.zeros(rows, x.shape[1], dtype=torch.int64, device=x.device)
+    if indices.numel():
+        row_of = torch.repeat_interleave(
+            torch.arange(rows, device=x.device), indptr[1:] - indptr[:-1]
+        )
+        messages = values.to(torch.int64).unsqueeze(1) * x.to(torch.int64)[indices.long()]
+        out.index_add_(0, row_of, messages)
+    return out.clamp(_INT32_MIN, _INT32_MAX).to(torch.int32)
+
+
+# --------------------------------------------------------------------------- public ops
+
+
+def requantize(x: Tensor, shift: int, backend: str = "auto") -> Tensor:
+    """int32 ``x`` to int8 through the window ``[shift, shift + 6]`` (StQ's rule)."""
+    _check_int("requantize", x, (torch.int32,))
+    shift = _check_shift("requantize", shift)
+    chosen = dispatch.resolve("requantize", x, backend, kernels=INT_KERNELS)
+    with dispatch.call("requantize", chosen):
+        if chosen == "reference":
+            return reference_requantize(x, shift)
+        return torch.ops.qtrain.requantize(x, shift)
+
+
+def dyq(x: Tensor, backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """Dynamic quantization (DyQ): int32 ``x`` to int8 through its fullest 7-bit window;
+    returns the int8 tensor and the window's ``k`` (int64 0-d, on ``x``'s device)."""
+    _check_int("dyq", x, (torch.int32,))
+    chosen = dispatch.resolve("dyq", x, backend, kernels=INT_KERNELS)
+    with dispatch.call("dyq", chosen):
+        if chosen == "reference":
+            return reference_dyq(x)
+        return torch.ops.qtrain.dyq(x)
+
+
+def dyq_shift(x: Tensor) -> int:
+    """DyQ's ``k`` for int32 ``x`` (equation 2), the lowest ``k`` on ties."""
+    _check_int("dyq_shift", x, (torch.int32,))
+    return int(window_shift(msb_histogram(x)))
+
+
+def stq(x: Tensor, backend: str = "auto") -> Tensor:
     """Static quantization (StQ): int32 ``x`` to int8 through the window at bit 7."""
-    return requantize(x, STATIC_SHIFT)
+    return requantize(x, STATIC_SHIFT, backend)
 
 
 def quantize_weights(w: Tensor) -> Tensor:
@@ -114,46 +177,49 @@ def quantize_weights(w: Tensor) -> Tensor:
     return up.to(torch.int8)
 
 
-def _padded_for_int_mm(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """Zero rows and columns that meet torch._int_mm's rules on CUDA (cuBLASLt: M > 16,
-    K and N multiples of 8); zeros add nothing to the sums, and the caller slices the
-    result back."""
-    m, k = a.shape
-    n = b.shape[1]
-    pad_m, pad_k, pad_n = max(0, 17 - m), (-k) % 8, (-n) % 8
-    if pad_m or pad_k:
-        a = torch.nn.functional.pad(a, (0, pad_k, 0, pad_m))
-    if pad_k or pad_n:
-        b = torch.nn.functional.pad(b, (0, pad_n, 0, pad_k))
-    return a, b
+_LAYOUTS = ("nn", "nt", "tn")
 
 
-def int_gemm(a: Tensor, b: Tensor) -> Tensor:
-    """int8 ``a [M, K]`` times int8 ``b [K, N]``, exact int32 ``[M, N]``."""
+def int_gemm(a: Tensor, b: Tensor, layout: str = "nn", backend: str = "auto") -> Tensor:
+    """int8 ``a`` times int8 ``b``, exact int32 (saturated): ``"nn"`` ``a [M, K] @ b [K, N]``,
+    ``"nt"`` ``a @ b[N, K]^T``, ``"tn"`` ``a[K, M]^T @ b`` (the transposes are read in
+    place, never copied)."""
     _check_int("int_gemm", a, (torch.int8,))
     _check_int("int_gemm", b, (torch.int8,))
-    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"int_gemm: needs [M, K] @ [K, N], got {list(a.shape)} @ {list(b.shape)}")
-    rows, cols = a.shape[0], b.shape[1]
-    if rows == 0 or cols == 0 or a.shape[1] == 0:
-        return torch.zeros(rows, cols, dtype=torch.int32, device=a.device)
-    if a.device.type == "cuda":
-        a, b = _padded_for_int_mm(a, b)
-    with dispatch.call("int_gemm", "torch._int_mm"):
-        out = torch._int_mm(a.contiguous(), b.contiguous())
-    return out[:rows, :cols]
+    if layout not in _LAYOUTS:
+        raise ValueError(f"int_gemm: layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
+    inner_a = a.shape[0] if layout == "tn" else a.shape[-1]
+    inner_b = b.shape[-1] if layout == "nt" else b.shape[0]
+    if a.dim() != 2 or b.dim() != 2 or inner_a != inner_b:
+        raise ValueError(
+            f"int_gemm: inner dimensions differ for layout {layout!r}: "
+            f"{list(a.shape)} and {list(b.shape)}"
+        )
+    if a.device != b.device:
+        raise ValueError(f"int_gemm: b is on {b.device} but a is on {a.device}")
+    chosen = dispatch.resolve("int_gemm", a, backend, kernels=INT_KERNELS)
+    with dispatch.call("int_gemm", chosen):
+        if chosen == "reference":
+            return reference_int_gemm(a, b, layout)
+        return torch.ops.qtrain.int8_gemm_int32(a, b, layout)
 
 
-def int_spmm(src: Tensor, dst: Tensor, values: Tensor, x: Tensor, rows: int) -> Tensor:
-    """``out[d] = sum over edges e with dst[e] = d of values[e] * x[src[e]]``: int8 edge
-    values and rows, exact int32 ``[rows, width]`` (the sparse product of equation 1)."""
+def int_spmm(
+    indptr: Tensor, indices: Tensor, values: Tensor, x: Tensor, backend: str = "auto"
+) -> Tensor:
+    """The sparse product of equation 1 over CSR rows: ``out[r] = sum of values[k] *
+    x[indices[k]]`` for ``k`` in ``indptr[r] .. indptr[r + 1]``; int8 values (one per entry,
+    in CSR order) and rows, exact int32 ``[rows, width]``."""
     _check_int("int_spmm", values, (torch.int8,))
     _check_int("int_spmm", x, (torch.int8,))
-    if src.shape != dst.shape or values.shape != src.shape or src.dim() != 1:
-        raise ValueError("int_spmm: src, dst and values must be 1-d and of one length")
-    out = torch.zeros(rows, x.shape[1], dtype=torch.int32, device=x.device)
-    with dispatch.call("int_spmm", "reference"):
-        if src.numel():
-            messages = values.to(torch.int32).unsqueeze(1) * x.to(torch.int32)[src]
-            out.index_add_(0, dst, messages)
-    return out
+    _check_int("int_spmm", indptr, (torch.int32, torch.int64))
+    _check_int("int_spmm", indices, (torch.int32, torch.int64))
+    if x.dim() != 2 or indptr.dim() != 1 or indptr.numel() < 1:
+        raise ValueError("int_spmm: needs indptr [rows + 1] and x [N, width]")
+    if indices.dim() != 1 or values.shape != indices.shape:
+        raise ValueError("int_spmm: indices and values must be 1-d and of one length")
+    chosen = dispatch.resolve("int_spmm", x, backend, kernels=INT_KERNELS)
+    with dispatch.call("int_spmm", chosen):
+        if chosen == "reference":
+            return reference_int_spmm(indptr, indices, values, x)
+        return torch.ops.qtrain.int8_spmm(indptr, indices, values, x)

@@ -11,6 +11,16 @@ into ``qtrain.models.integer_gcn.IntegerGCN`` (the same initial weights, so a se
 starts both numerics alike): the run directory, metrics, evaluation schedule, early
 stopping, checkpoints and resume are the float runs'. The loss it reports is the mean
 squared error of the training rows in units of 127 (the targets' one-hot scale).
+
+Full-graph (``mode = "full"``): one integer step per epoch over the whole graph.
+Mini-batch (``mode = "minibatch"``, GCINT's Table 3 setting): the float runs' neighbour
+sampler and batches; per batch the forward and backward run on the sampled blocks
+(``IntegerGraph.of_block``: the float GCN's unbiased block normalisation, in int8), with
+DyQ's windows chosen per batch, and one integer update. Evaluation computes every node
+with all its neighbours, as the float mini-batch runs do, but over the whole graph at
+once rather than in batches of destination nodes: DyQ picks one window per tensor, and
+windows picked per batch of rows would put the rows of one layer's output on different
+scales.
 """
 
 from __future__ import annotations
@@ -19,47 +29,107 @@ from typing import Any
 
 import torch
 
+from qtrain import signals
+from qtrain._compat import import_dgl
 from qtrain.models.integer_gcn import (
     IntegerGCN,
     IntegerGraph,
     IntegerSGD,
+    Saved,
     integer_features,
     output_error,
 )
 from qtrain.ops.integer import INT8_MAX
-from qtrain.train.loop import Trainer
+from qtrain.train.loop import Trainer, graph_tensors, quiet_dgl_loader, repeatable_batches
 
 
 class GcintTrainer(Trainer):
-    """Full-graph integer-only GCN training (``train.numerics = "gcint"``)."""
+    """Integer-only GCN training (``train.numerics = "gcint"``), full-graph or mini-batch."""
 
     def __init__(self, model: Any, graph: Any, **kwargs: Any) -> None:
         config = kwargs["config"]
+        # the full graph's degrees, which prepare_graph recorded: the block normalisation
+        self.full_out, self.full_in = model.deg_out, model.deg_in
         integer_model = IntegerGCN.from_gcn(model, config.gcint_quantizer)
         super().__init__(integer_model, graph, **kwargs)  # type: ignore[arg-type]
-        self.int_graph = IntegerGraph.of(self.graph)
         self.int_features = integer_features(self.feat)
+        # on a GPU the DGL graph may stay on the CPU (DGL's CPU build; qtrain's route runs it)
+        int_graph = IntegerGraph.of(self.graph, transposed=not self.minibatch)
+        self.int_graph = int_graph.to(self.device)
         self.saved_bytes = 0
 
     def make_optimizer(self) -> IntegerSGD:
         return IntegerSGD(self.model, self.config.gcint_lr_shift)  # type: ignore[arg-type]
 
-    def train_epoch(self) -> tuple[float, float]:
-        """One integer step: forward, the output error, backward, the integer update."""
+    def _integer_step(
+        self,
+        graphs: IntegerGraph | list[IntegerGraph],
+        x: torch.Tensor,
+        labels: torch.Tensor,
+        rows: torch.Tensor,
+        inputs: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Forward, the output error of ``rows``, backward, the integer update; the logits."""
         model: IntegerGCN = self.model  # type: ignore[assignment]
-        model.train()
-        idx = self.idx["train"].to(self.device)
-        with self.meter.step(self._step_inputs):
-            logits, saved = model(self.int_graph, self.int_features, train=True)
-            grads = model.backward(self.int_graph, saved, output_error(logits, self.labels, idx))
+        with self.meter.step(inputs):
+            logits, saved = model(graphs, x, train=True)
+            grads = model.backward(graphs, saved, output_error(logits, labels, rows))
             self.optimizer.step(grads)
+        self._count_saved(saved)
+        return logits
+
+    def _count_saved(self, saved: Saved) -> None:
         # nothing goes through autograd: what the step keeps for its backward is int8
-        self.saved_bytes = saved.nbytes()
+        self.saved_bytes = max(self.saved_bytes, saved.nbytes())
         self.meter.activation_bytes = max(self.meter.activation_bytes, self.saved_bytes)
-        rows = logits[idx].to(torch.float32) / INT8_MAX
-        target = torch.nn.functional.one_hot(self.labels[idx], rows.shape[1]).to(rows.dtype)
-        loss = float(((rows - target) ** 2).mean())
-        return loss, self.metric_fn(logits[idx].to(torch.float32), self.labels[idx])
+
+    @staticmethod
+    def _mse(logits: torch.Tensor, labels: torch.Tensor) -> float:
+        rows = logits.to(torch.float32) / INT8_MAX
+        target = torch.nn.functional.one_hot(labels, rows.shape[1]).to(rows.dtype)
+        return float(((rows - target) ** 2).mean())
+
+    def train_epoch(self) -> tuple[float, float]:
+        """One epoch: one integer step over the whole graph, or one per mini-batch."""
+        self.model.train()
+        if self.minibatch:
+            return self._train_minibatch()
+        idx = self.idx["train"].to(self.device)
+        logits = self._integer_step(
+            self.int_graph, self.int_features, self.labels, idx, self._step_inputs
+        )
+        return self._mse(logits[idx], self.labels[idx]), self.metric_fn(
+            logits[idx].to(torch.float32), self.labels[idx]
+        )
+
+    def _block_graph(self, block: Any) -> IntegerGraph:
+        nid = import_dgl().NID
+        full_out = self.full_out[block.srcdata[nid].to(self.full_out.device)]
+        full_in = self.full_in[block.dstdata[nid].to(self.full_in.device)]
+        return IntegerGraph.of_block(block, full_out, full_in).to(self.device)
+
+    def _train_minibatch(self) -> tuple[float, float]:
+        total_loss, seen = 0.0, 0
+        outputs: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []
+        num_batches = len(self.loader)
+        with quiet_dgl_loader():
+            batches = repeatable_batches(self.loader)
+            for step, (input_nodes, output_nodes, blocks) in enumerate(batches, start=1):
+                signals.raise_if_stopped()
+                x = self.int_features[input_nodes.to(self.device)]
+                y = self.labels[output_nodes.to(self.device)]
+                graphs = [self._block_graph(block) for block in blocks]
+                inputs = [x, y, *(t for block in blocks for t in graph_tensors(block))]
+                rows = torch.arange(y.shape[0], device=self.device)
+                logits = self._integer_step(graphs, x, y, rows, inputs)
+                total_loss += self._mse(logits, y) * y.shape[0]
+                seen += y.shape[0]
+                outputs.append(logits.to(torch.float32))
+                targets.append(y)
+                self.reporter.batch(step, num_batches)
+        train_metric = self.metric_fn(torch.cat(outputs), torch.cat(targets)) if outputs else 0.0
+        return total_loss / max(seen, 1), train_metric
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
@@ -67,8 +137,9 @@ class GcintTrainer(Trainer):
         model.eval()
         logits, _ = model(self.int_graph, self.int_features, train=False)
         logits = logits.to(torch.float32)
+        labels = self.labels.to(logits.device)
         out = {}
         for split in ("val", "test"):
             idx = self.idx[split].to(logits.device)
-            out[split] = self.metric_fn(logits[idx], self.labels[idx])
+            out[split] = self.metric_fn(logits[idx], labels[idx])
         return out

@@ -88,7 +88,7 @@ def graph_tensors(graph: Any) -> list[torch.Tensor]:
 
 
 @contextmanager
-def _quiet_dgl_loader() -> Iterator[None]:
+def quiet_dgl_loader() -> Iterator[None]:
     """DGL's DataLoader warns about CPU affinity on every iteration; it is advice, not a fault."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*CPU affinity.*")
@@ -237,7 +237,7 @@ class Trainer:
         outputs: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
         num_batches = len(self.loader)
-        with _quiet_dgl_loader():
+        with quiet_dgl_loader():
             batches = repeatable_batches(self.loader)
             for step, (input_nodes, output_nodes, blocks) in enumerate(batches, start=1):
                 signals.raise_if_stopped()
@@ -263,7 +263,7 @@ class Trainer:
         """Validation and test metrics of the model in eval mode (all neighbours)."""
         self.model.eval()
         if self.minibatch:
-            with _quiet_dgl_loader():
+            with quiet_dgl_loader():
                 logits = self.model.inference(
                     self.graph, self.feat, self.config.eval_batch_size, self.device
                 )

@@ -88,15 +88,18 @@ def test_requantize_rounds_saturates_and_keeps_the_sign(device: str, shift: int)
 @pytest.mark.parametrize("device", DEVICES)
 def test_dyq_and_stq_are_requantize_at_their_windows(device: str) -> None:
     x = _random_int32(64, 7, spread=18).view(8, 8).to(device)
-    q, shift = integer.dyq(x)
-    assert shift == integer.dyq_shift(x)
-    assert torch.equal(q, integer.requantize(x, shift))
+    for backend in ("reference", "auto"):
+        q, shift = integer.dyq(x, backend)
+        assert int(shift) == integer.dyq_shift(x)
+        assert torch.equal(q, integer.requantize(x, int(shift), backend))
     assert torch.equal(integer.stq(x), integer.requantize(x, 7))
 
 
 def test_requantize_refuses_bad_arguments() -> None:
     x = torch.ones(3, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"requantize: shift must be in 0\.\.25, got 26"):
+    with pytest.raises(
+        ValueError, match=r"requantize: shift must be an integer in 0\.\.25, got 26"
+    ):
         integer.requantize(x, 26)
     with pytest.raises(ValueError, match="got -1"):
         integer.requantize(x, -1)
@@ -125,41 +128,47 @@ def _int8(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
 
 
+BACKENDS = ("reference", "auto")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("width", WIDTHS)
-def test_int_gemm_is_exact(device: str, width: int) -> None:
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_int_gemm_is_exact(device: str, width: int, layout: str) -> None:
     a, b = _int8((37, width), width), _int8((width, 11), width + 1)
-    dispatch.reset()
-    got = integer.int_gemm(a.to(device), b.to(device))
-    assert got.dtype == torch.int32 and got.shape == (37, 11)
-    assert torch.equal(got.cpu().to(torch.int64), a.to(torch.int64) @ b.to(torch.int64))
-    assert dispatch.snapshot()["int_gemm"] == {"torch._int_mm": 1}
+    expected = a.to(torch.int64) @ b.to(torch.int64)
+    stored_a = a.t().contiguous() if layout == "tn" else a
+    stored_b = b.t().contiguous() if layout == "nt" else b
+    for backend in BACKENDS:
+        dispatch.reset()
+        got = integer.int_gemm(stored_a.to(device), stored_b.to(device), layout, backend)
+        assert got.dtype == torch.int32 and got.shape == (37, 11)
+        assert torch.equal(got.cpu().to(torch.int64), expected)
+        served = "reference" if backend == "reference" else f"ext-{torch.device(device).type}"
+        assert dispatch.snapshot()["int_gemm"] == {served: 1}
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("m", "k", "n"), [(0, 4, 3), (4, 0, 3), (4, 3, 0), (1, 1, 1), (5, 9, 7)])
 def test_int_gemm_edge_shapes(device: str, m: int, k: int, n: int) -> None:
     a, b = _int8((m, k), 0), _int8((k, n), 1)
-    got = integer.int_gemm(a.to(device), b.to(device)).cpu()
-    assert torch.equal(got.to(torch.int64), a.to(torch.int64) @ b.to(torch.int64))
-
-
-def test_padding_for_cublaslt_leaves_the_product_unchanged() -> None:
-    """The CUDA path pads to cuBLASLt's shapes (M > 16, K and N multiples of 8) with
-    zeros; on the CPU the padded product, sliced back, is the same."""
-    a, b = _int8((5, 9), 2), _int8((9, 7), 3)
-    pa, pb = integer._padded_for_int_mm(a, b)
-    assert pa.shape == (17, 16) and pb.shape == (16, 8)
-    assert torch.equal(torch._int_mm(pa, pb)[:5, :7], torch._int_mm(a, b))
+    for backend in BACKENDS:
+        got = integer.int_gemm(a.to(device), b.to(device), backend=backend).cpu()
+        assert torch.equal(got.to(torch.int64), a.to(torch.int64) @ b.to(torch.int64))
 
 
 def test_int_gemm_refuses_bad_operands() -> None:
     with pytest.raises(TypeError, match=r"int_gemm: expects an int8 tensor, got torch\.float32"):
         integer.int_gemm(torch.ones(2, 2), _int8((2, 2), 0))
     with pytest.raises(
-        ValueError, match=r"int_gemm: needs \[M, K\] @ \[K, N\], got \[2, 3\] @ \[2, 2\]"
+        ValueError,
+        match=r"int_gemm: inner dimensions differ for layout 'nn': \[2, 3\] and \[2, 2\]",
     ):
         integer.int_gemm(_int8((2, 3), 0), _int8((2, 2), 0))
+    with pytest.raises(ValueError, match="int_gemm: layout must be one of nn, nt, tn, got 'tt'"):
+        integer.int_gemm(_int8((2, 2), 0), _int8((2, 2), 0), "tt")
+    with pytest.raises(ValueError, match="int_gemm: b is on meta but a is on cpu"):
+        integer.int_gemm(_int8((2, 2), 0), _int8((2, 2), 0).to("meta"))
 
 
 def _dense(src: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, rows: int, cols: int):
@@ -185,6 +194,13 @@ def _graph(kind: str, nodes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
     return src, dst
 
 
+def _csr(src: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, rows: int):
+    order = torch.argsort(dst, stable=True)
+    indptr = torch.zeros(rows + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=rows), 0)
+    return indptr, src[order], values[order]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["empty", "hub", "random"])
 @pytest.mark.parametrize("width", [1, 3, 16, 33])
@@ -193,17 +209,29 @@ def test_int_spmm_is_exact(device: str, kind: str, width: int) -> None:
     src, dst = _graph(kind, nodes, width)
     values = _int8((src.numel(),), width + 5)
     x = _int8((nodes, width), width + 6)
-    got = integer.int_spmm(src.to(device), dst.to(device), values.to(device), x.to(device), nodes)
-    assert got.dtype == torch.int32 and got.shape == (nodes, width)
+    indptr, indices, ordered = _csr(src, dst, values, nodes)
     expected = _dense(src, dst, values, nodes, nodes) @ x.to(torch.int64)
-    assert torch.equal(got.cpu().to(torch.int64), expected)
-    if kind == "random":  # nodes without in-edges get zero rows
-        assert got[nodes // 2 :].abs().sum() == 0
+    for backend in BACKENDS:
+        dispatch.reset()
+        args = (indptr.to(device), indices.to(device), ordered.to(device), x.to(device))
+        got = integer.int_spmm(*args, backend=backend)
+        assert got.dtype == torch.int32 and got.shape == (nodes, width)
+        assert torch.equal(got.cpu().to(torch.int64), expected)
+        served = "reference" if backend == "reference" else f"ext-{torch.device(device).type}"
+        assert dispatch.snapshot()["int_spmm"] == {served: 1}
+        if kind == "random":  # nodes without in-edges get zero rows
+            assert got[nodes // 2 :].abs().sum() == 0
 
 
 def test_int_spmm_refuses_bad_operands() -> None:
-    src = torch.tensor([0, 1])
-    with pytest.raises(ValueError, match="int_spmm: src, dst and values must be 1-d and of one"):
-        integer.int_spmm(src, torch.tensor([0]), _int8((2,), 0), _int8((2, 2), 0), 2)
+    ptr, idx = torch.tensor([0, 1, 2]), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="int_spmm: indices and values must be 1-d and of one"):
+        integer.int_spmm(ptr, idx, _int8((3,), 0), _int8((2, 2), 0))
     with pytest.raises(TypeError, match=r"int_spmm: expects an int8 tensor, got torch\.float32"):
-        integer.int_spmm(src, src, torch.ones(2), _int8((2, 2), 0), 2)
+        integer.int_spmm(ptr, idx, torch.ones(2), _int8((2, 2), 0))
+    with pytest.raises(TypeError, match=r"int_spmm: expects an int32 or int64 tensor"):
+        integer.int_spmm(ptr.float(), idx, _int8((2,), 0), _int8((2, 2), 0))
+    with pytest.raises(
+        ValueError, match=r"int_spmm: needs indptr \[rows \+ 1\] and x \[N, width\]"
+    ):
+        integer.int_spmm(ptr, idx, _int8((2,), 0), _int8((2,), 0))

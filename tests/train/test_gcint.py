@@ -1,6 +1,6 @@
 """``train.numerics = "gcint"``: the integer GCN's backward against float autograd on the
-same int8 operands, its update, the recipe's refusals, and a short run that learns with
-integer products only."""
+same int8 operands, its blocks' normalisation, its update, the recipe's refusals, and short
+full-graph and mini-batch runs that learn with the op library's integer products only."""
 
 from __future__ import annotations
 
@@ -50,12 +50,21 @@ def _step(seed: int) -> tuple[Any, ...]:
     return graph, model, saved, error
 
 
+def _row_of(indptr: torch.Tensor) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr[1:] - indptr[:-1])
+
+
+def _dense_adjacency(csr: Any, rows: int, cols: int) -> torch.Tensor:
+    a = torch.zeros(rows, cols, dtype=torch.float64)
+    a.index_put_((_row_of(csr.indptr), csr.indices), csr.values.double(), accumulate=True)
+    return a
+
+
 def _autograd(graph: IntegerGraph, model: IntegerGCN, saved: Any, error: torch.Tensor):
     """Float64 autograd of the step whose output error is ``error``, through the saved
     inputs: the window between the layers passes the error on as the identity would (its
     scale aside), the ReLU where the hidden output is positive."""
-    a = torch.zeros(graph.num_nodes, graph.num_nodes, dtype=torch.float64)
-    a.index_put_((graph.dst, graph.src), graph.values.double(), accumulate=True)
+    a = _dense_adjacency(graph.a, graph.num_dst, graph.num_src)
     w = [q.double().requires_grad_() for q in model.int8_weights()]
     pre = a @ (saved.inputs[0].double() @ w[0])
     hidden = saved.inputs[1].double().requires_grad_()
@@ -71,16 +80,21 @@ def test_backward_is_the_chain_rule_without_the_windows(monkeypatch: pytest.Monk
     graph, model, saved, error = _step(0)
     monkeypatch.setattr(integer, "stq", lambda x: x)
     monkeypatch.setattr(integer, "dyq", lambda x: (x, 0))
-    monkeypatch.setattr(integer, "int_gemm", lambda a, b: a.to(torch.int64) @ b.to(torch.int64))
-    exact = graph.__class__(graph.src, graph.dst, graph.values, graph.num_nodes)
+
+    def exact_gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nn") -> torch.Tensor:
+        a = a.t() if layout == "tn" else a
+        b = b.t() if layout == "nt" else b
+        return a.to(torch.int64) @ b.to(torch.int64)
+
+    monkeypatch.setattr(integer, "int_gemm", exact_gemm)
+    transposed = _dense_adjacency(graph.a_t, 60, 60)
+    assert torch.equal(transposed, _dense_adjacency(graph.a, 60, 60).t())  # A^T itself
     monkeypatch.setattr(
-        type(exact),
+        type(graph),
         "spmm_transposed",
-        lambda self, x: torch.zeros(self.num_nodes, x.shape[1], dtype=torch.int64).index_add_(
-            0, self.src, self.values.to(torch.int64)[:, None] * x.to(torch.int64)[self.dst]
-        ),
+        lambda self, x: transposed.to(torch.int64) @ x.to(torch.int64),
     )
-    grads = model.backward(exact, saved, error)
+    grads = model.backward(graph, saved, error)
     expected = _autograd(graph, model, saved, error)
     for got, want in zip(grads, expected, strict=True):
         assert torch.equal(got.double(), want)
@@ -111,6 +125,11 @@ def test_integer_sgd_moves_master_weights_by_the_shifted_gradient() -> None:
     assert before.max() == 127 << 8
     IntegerSGD(model, 3).step([torch.tensor([[1, -2], [0, 127]], dtype=torch.int8)])
     assert (before - model.master(0)).tolist() == [[8, -16], [0, 1016]]
+    # a negative shift divides, rounded to nearest (half away from zero)
+    model = IntegerGCN([torch.ones(1, 4)], 0.0, 0.0)
+    before = model.master(0).clone()
+    IntegerSGD(model, -3).step([torch.tensor([[3, 4, -4, 127]], dtype=torch.int8)])
+    assert (before - model.master(0)).tolist() == [[0, 1, -1, 16]]
     with pytest.raises(ValueError, match="saved with gcint_lr_shift = 2, this one has 3"):
         IntegerSGD(model, 3).load_state_dict({"lr_shift": 2})
 
@@ -132,12 +151,59 @@ def test_a_gcint_run_learns_with_integer_products_only(tmp_path: Path, quantizer
     )
     assert summary["status"] == "completed" and summary["numerics"] == "gcint"
     # every product of the run was an integer one (no float GEMM or SpMM counted)
-    assert set(summary["kernels"]) == {"int_gemm", "int_spmm", "requantize"}
-    # 2 layers: 4 GEMMs per training step (forward 2, backward 2 + 1 for the error) ...
-    assert summary["kernels"]["int_gemm"]["torch._int_mm"] >= 60 * 5
+    assert set(summary["kernels"]) == {"int_gemm", "int_spmm", "requantize", "dyq"}
+    # ... and ran on the op library's CPU kernels: 2 layers, 5 GEMMs and 4 SpMMs per training
+    # step (forward 2 each; backward 2 + 1 for the error, and 2 SpMMs), 2 of each per evaluation
+    assert summary["kernels"]["int_gemm"] == {"ext-cpu": summary["kernels"]["int_gemm"]["ext-cpu"]}
+    assert summary["kernels"]["int_gemm"]["ext-cpu"] >= 60 * 5
+    assert summary["kernels"]["int_spmm"]["ext-cpu"] >= 60 * 4
     chance = 1 / 4  # synthetic-small: 4 classes
     assert summary["test_acc"] > chance + 0.25
     assert summary["activation_bytes"] > 0
+
+
+def test_a_block_with_all_neighbours_is_the_full_graphs_rows() -> None:
+    """A block whose destinations keep every in-edge gets the full graph's int8 weights, so
+    mini-batch training and full-graph evaluation compute one model; a sampled block gets
+    the unbiased weights ``sqrt(d_in(v) / d_out(u)) / block_in(v)``."""
+    import dgl
+
+    g = torch.Generator().manual_seed(4)
+    src, dst = torch.randint(0, 50, (300,), generator=g), torch.randint(0, 50, (300,), generator=g)
+    graph = dgl.add_self_loop(dgl.graph((src, dst), num_nodes=50))
+    full = IntegerGraph.of(graph, transposed=False)
+    dense_full = _dense_adjacency(full.a, 50, 50)
+    deg_out, deg_in = graph.out_degrees().float(), graph.in_degrees().float()
+    seeds = torch.tensor([3, 17, 40, 0])
+    block = dgl.to_block(dgl.in_subgraph(graph, seeds), seeds)
+    ids_src, ids_dst = block.srcdata[dgl.NID], block.dstdata[dgl.NID]
+    mfg = IntegerGraph.of_block(block, deg_out[ids_src], deg_in[ids_dst])
+    assert (mfg.num_dst, mfg.num_src) == (4, block.num_src_nodes())
+    dense_block = _dense_adjacency(mfg.a, mfg.num_dst, mfg.num_src)
+    assert torch.equal(dense_block, dense_full[ids_dst][:, ids_src])
+    assert torch.equal(_dense_adjacency(mfg.a_t, mfg.num_src, mfg.num_dst), dense_block.t())
+    # sampled: two in-edges of each seed kept
+    sampled = dgl.to_block(dgl.sampling.sample_neighbors(graph, seeds, 2), seeds)
+    ids_src, ids_dst = sampled.srcdata[dgl.NID], sampled.dstdata[dgl.NID]
+    mfg = IntegerGraph.of_block(sampled, deg_out[ids_src], deg_in[ids_dst])
+    u, v = sampled.edges()
+    weight = (deg_in[ids_dst][v] / deg_out[ids_src][u]).sqrt() / sampled.in_degrees()[v]
+    expected = torch.zeros(4, sampled.num_src_nodes(), dtype=torch.float64)
+    expected.index_put_((v, u), torch.ceil(weight.double() * 127).clamp(max=127), accumulate=True)
+    assert torch.equal(_dense_adjacency(mfg.a, 4, sampled.num_src_nodes()), expected)
+
+
+def test_a_minibatch_gcint_run_learns_on_sampled_blocks(tmp_path: Path) -> None:
+    raw = _recipe(tmp_path, mode="minibatch", fanouts=[5, 5], batch_size=64, epochs=6)
+    raw["dataset"]["nodes"] = 1000
+    summary = execute(build_recipe(raw, "gcint"), reporter=Reporter())
+    assert summary["status"] == "completed" and summary["numerics"] == "gcint"
+    kernels = summary["kernels"]
+    assert set(kernels) == {"int_gemm", "int_spmm", "requantize", "dyq"}
+    batches = 6 * -(-300 // 64)  # synthetic-small trains on 30% of its nodes
+    assert kernels["int_spmm"] == {"ext-cpu": kernels["int_spmm"]["ext-cpu"]}
+    assert kernels["int_spmm"]["ext-cpu"] >= 4 * batches
+    assert summary["test_acc"] > 1 / 4 + 0.25
 
 
 @pytest.mark.parametrize(
@@ -146,9 +212,9 @@ def test_a_gcint_run_learns_with_integer_products_only(tmp_path: Path, quantizer
         ({"model": {"name": "gat"}}, "trains model 'gcn' only .* not 'gat'"),
         ({"quant": {"plugin": ["tango"]}}, r"remove quant.plugin = \['tango'\]"),
         ({"distributed": {"world_size": 2}}, "set distributed.world_size = 1"),
-        ({"train": {"mode": "minibatch"}}, "trains full-graph only so far; use mode = 'full'"),
         ({"train": {"gcint_quantizer": "log"}}, "gcint_quantizer"),
         ({"train": {"gcint_lr_shift": 17}}, "gcint_lr_shift"),
+        ({"train": {"gcint_lr_shift": -8}}, "gcint_lr_shift"),
     ],
 )
 def test_the_recipe_refuses_what_gcint_cannot_train(
