@@ -51,6 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from qtrain.ops import integer
+from qtrain.ops.graph import group_rows, index_dtype
 
 MASTER_BITS = 8  # int32 master weights carry this many bits below the int8 grid
 _MASTER_LIMIT = 2**30  # master weights saturate here (no int32 overflow in an update)
@@ -66,12 +67,14 @@ class IntCsr:
     values: Tensor  # int8, in the order of indices
 
     @classmethod
-    def of(cls, rows: Tensor, cols: Tensor, values: Tensor, num_rows: int) -> IntCsr:
-        """The entries ``(rows[e], cols[e]) = values[e]``, grouped by row."""
-        order = torch.argsort(rows, stable=True)
-        indptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
-        indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=num_rows), 0)
-        return cls(indptr, cols[order], values[order])
+    def of(cls, rows: Tensor, cols: Tensor, values: Tensor, num_rows: int, num_cols: int) -> IntCsr:
+        """The entries ``(rows[e], cols[e]) = values[e]``, grouped by row as the float
+        route's CSR views are (``qtrain.ops.graph.group_rows``: int32 indices where they
+        fit, no host sync)."""
+        dtype = index_dtype(rows.numel(), num_rows, num_cols)
+        entries = torch.arange(rows.numel(), device=rows.device)
+        indptr, indices, order = group_rows(rows, cols, entries, num_rows, dtype)
+        return cls(indptr, indices, values[order.long()])
 
     def spmm(self, x: Tensor) -> Tensor:
         return integer.int_spmm(self.indptr, self.indices, self.values, x)
@@ -128,8 +131,8 @@ class IntegerGraph:
     def _of_edges(
         cls, src: Tensor, dst: Tensor, values: Tensor, num_src: int, num_dst: int, transposed: bool
     ) -> IntegerGraph:
-        a = IntCsr.of(dst, src, values, num_dst)
-        a_t = IntCsr.of(src, dst, values, num_src) if transposed else None
+        a = IntCsr.of(dst, src, values, num_dst, num_src)
+        a_t = IntCsr.of(src, dst, values, num_src, num_dst) if transposed else None
         return cls(a, a_t, num_src, num_dst)
 
     def to(self, device: torch.device) -> IntegerGraph:

@@ -60,9 +60,17 @@ class GraphCSR:
         return self.in_indptr[1:] - self.in_indptr[:-1]
 
 
-def _grouped(
+def index_dtype(*sizes: int) -> torch.dtype:
+    """int32 for the indices of a graph whose edge and node counts all fit it (half the
+    index traffic of the gathers), else int64."""
+    return torch.int64 if max(sizes, default=0) > _INT32_LIMIT else torch.int32
+
+
+def group_rows(
     rows: torch.Tensor, cols: torch.Tensor, eids: torch.Tensor, num_rows: int, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(indptr, cols, eids)`` of the entries ``(rows[e], cols[e])`` grouped by row, stable
+    (within a row, in entry order), indices as ``dtype``; no host sync on any device."""
     order = torch.argsort(rows, stable=True)
     # a scatter-add, not bincount: bincount reads the largest row id back to the host
     counts = torch.zeros(num_rows, dtype=torch.int64, device=rows.device)
@@ -77,11 +85,10 @@ def build_csr(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) 
     src = src.to(torch.int64)
     dst = dst.to(torch.int64)
     num_edges = int(src.numel())
-    big = max(num_edges, num_src, num_dst) > _INT32_LIMIT
-    dtype = torch.int64 if big else torch.int32
+    dtype = index_dtype(num_edges, num_src, num_dst)
     eids = torch.arange(num_edges, dtype=torch.int64, device=src.device)
-    in_indptr, in_indices, in_eids = _grouped(dst, src, eids, num_dst, dtype)
-    out_indptr, out_indices, out_eids = _grouped(src, dst, eids, num_src, dtype)
+    in_indptr, in_indices, in_eids = group_rows(dst, src, eids, num_dst, dtype)
+    out_indptr, out_indices, out_eids = group_rows(src, dst, eids, num_src, dtype)
     return GraphCSR(
         num_src=num_src,
         num_dst=num_dst,

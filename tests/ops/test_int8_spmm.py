@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from qtrain.ops.graph import group_rows
 from qtrain.ops.integer import reference_int_spmm
 from tests.ops.support import (
     DEVICES,
@@ -25,10 +26,8 @@ from tests.ops.support import (
 
 def csr(dst: torch.Tensor, src: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """indptr and indices of the edges src -> dst, grouped by destination row."""
-    order = torch.argsort(dst, stable=True)
-    indptr = torch.zeros(rows + 1, dtype=torch.int64)
-    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=rows), 0)
-    return indptr, src[order]
+    indptr, indices, _ = group_rows(dst, src, torch.arange(src.numel()), rows, torch.int64)
+    return indptr, indices
 
 
 def graph(kind: str, rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from qtrain.ops import dispatch, integer
+from qtrain.ops.graph import group_rows
 from tests.ops.support import DEVICES, WIDTHS
 
 EDGE_VALUES = [0, 1, -1, 2, -2, 127, 128, -129, 255, 2**24, -(2**24) - 1, 2**31 - 1, -(2**31)]
@@ -195,10 +196,9 @@ def _graph(kind: str, nodes: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _csr(src: torch.Tensor, dst: torch.Tensor, values: torch.Tensor, rows: int):
-    order = torch.argsort(dst, stable=True)
-    indptr = torch.zeros(rows + 1, dtype=torch.int64)
-    indptr[1:] = torch.cumsum(torch.bincount(dst, minlength=rows), 0)
-    return indptr, src[order], values[order]
+    entries = torch.arange(src.numel())
+    indptr, indices, order = group_rows(dst, src, entries, rows, torch.int64)
+    return indptr, indices, values[order]
 
 
 @pytest.mark.parametrize("device", DEVICES)
