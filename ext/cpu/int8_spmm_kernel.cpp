@@ -30,6 +30,7 @@
 #include <omp.h>
 #endif
 
+#include "cpu/csr_rows.h"
 #include "cpu/isa.h"
 #include "cpu/lanes.h"
 #include "cpu/mem.h"
@@ -40,10 +41,12 @@
 namespace qtrain {
 namespace {
 
+using csr_rows::check_indptr;
+using csr_rows::kRowChunk;
+using csr_rows::prefetch_row;
+using csr_rows::row_in_range;
 using sparse::Lanes;
 
-constexpr int64_t kPrefetch = 12;  // entries ahead whose input row is prefetched
-constexpr int64_t kRowChunk = 32;  // rows per dynamic OpenMP chunk
 // Longest row whose int32 sum cannot overflow: 2^14 per term (-128 * -128), 2^31 in all.
 constexpr int64_t kMaxEntriesInt32 = (int64_t{1} << 31) / (int64_t{1} << 14) - 1;
 
@@ -57,16 +60,6 @@ struct Args {
   int64_t n_in;  // rows of q
   int64_t F;     // row width
 };
-
-template <typename I>
-QT_ALWAYS_INLINE void prefetch_row(const I* ix, int64_t k, int64_t nnz, const int8_t* q,
-                                   int64_t F, int64_t f0, int64_t bytes) {
-  if (k + kPrefetch < nnz) {
-    const int8_t* p = q + static_cast<int64_t>(ix[k + kPrefetch]) * F + f0;
-    __builtin_prefetch(p);
-    __builtin_prefetch(p + bytes - 1);
-  }
-}
 
 // Lanes [f0, f0 + W NV) of one row.
 template <int ISA, int NV, typename I>
@@ -127,11 +120,7 @@ QT_ALWAYS_INLINE bool rows_body(const Args& a, int64_t r0, int64_t r1) {
     const int64_t b = static_cast<int64_t>(ip[r]);
     const int64_t e = static_cast<int64_t>(ip[r + 1]);
     int32_t* o = a.out + r * F;
-    bool ok = true;
-    for (int64_t k = b; k < e; ++k) {
-      ok &= static_cast<uint64_t>(static_cast<int64_t>(ix[k])) < static_cast<uint64_t>(a.n_in);
-    }
-    if (!ok) {
+    if (!row_in_range(ix, b, e, a.n_in)) {
       std::memset(o, 0, static_cast<size_t>(F) * sizeof(int32_t));
       all_ok = false;
       continue;
@@ -177,20 +166,6 @@ QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512, 8)
 #endif
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
-
-// indptr must start at 0, never decrease and end at nnz (checked before any thread starts).
-template <typename I>
-void check_indptr(const char* fn, const I* ip, int64_t rows, int64_t nnz) {
-  TORCH_CHECK_VALUE(static_cast<int64_t>(ip[0]) == 0, fn, ": indptr[0] must be 0, got ",
-                    static_cast<int64_t>(ip[0]));
-  TORCH_CHECK_VALUE(static_cast<int64_t>(ip[rows]) == nnz, fn,
-                    ": indptr[-1] must equal the number of entries (", nnz, "), got ",
-                    static_cast<int64_t>(ip[rows]));
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK_VALUE(ip[r + 1] >= ip[r], fn, ": indptr must be non-decreasing, but indptr[",
-                      r + 1, "] < indptr[", r, "]");
-  }
-}
 
 at::Tensor int8_spmm(const at::Tensor& indptr_in, const at::Tensor& indices_in,
                      const at::Tensor& values_in, const at::Tensor& q_in) {

@@ -38,6 +38,7 @@
 #endif
 
 #include "common/sparse_operands.h"
+#include "cpu/csr_rows.h"
 #include "cpu/isa.h"
 #include "cpu/lanes.h"
 #include "cpu/mem.h"
@@ -48,10 +49,12 @@
 namespace qtrain {
 namespace {
 
+using csr_rows::check_indptr;
+using csr_rows::kRowChunk;
+using csr_rows::prefetch_row;
+using csr_rows::row_in_range;
 using sparse::Lanes;
 
-constexpr int64_t kPrefetch = 12;  // entries ahead whose input row is prefetched
-constexpr int64_t kRowChunk = 32;  // rows per dynamic OpenMP chunk
 
 struct SpmmArgs {
   const void* indptr;
@@ -72,16 +75,6 @@ struct SpmmArgs {
 };
 
 // ---------------------------------------------------------------- kernel bodies
-
-template <typename I>
-QT_ALWAYS_INLINE void prefetch_row(const I* ix, int64_t k, int64_t nnz, const int8_t* q,
-                                   int64_t F, int64_t f0, int64_t bytes) {
-  if (k + kPrefetch < nnz) {
-    const int8_t* p = q + static_cast<int64_t>(ix[k + kPrefetch]) * F + f0;
-    __builtin_prefetch(p);
-    __builtin_prefetch(p + bytes - 1);
-  }
-}
 
 // Lanes [f0, f0 + W NV) of one row, copy form.
 template <int ISA, int NV, typename I>
@@ -230,15 +223,6 @@ QT_ALWAYS_INLINE void weighted_lanes(const I* ix, const I* ex, int64_t b, int64_
   if (f0 < hi) weighted_tail(ix, ex, b, e, q, F, f0, hi - f0, w, Hw, w_col, scale, o);
 }
 
-// Entries with an input row (or weight row) out of range: the row is zeroed and false returned.
-template <typename I>
-QT_ALWAYS_INLINE bool row_in_range(const I* p, int64_t b, int64_t e, int64_t n) {
-  bool ok = true;
-  for (int64_t k = b; k < e; ++k) ok &= static_cast<uint64_t>(static_cast<int64_t>(p[k])) <
-                                        static_cast<uint64_t>(n);
-  return ok;
-}
-
 template <int ISA, int MAXNV, typename I>
 QT_ALWAYS_INLINE bool rows_body(const SpmmArgs& a, int64_t r0, int64_t r1) {
   const I* ip = static_cast<const I*>(a.indptr);
@@ -301,25 +285,6 @@ QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512, isa::kAvx512, 8)
 #endif
 
 const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
-
-// indptr must start at 0, never decrease and end at nnz (checked before any thread starts).
-template <typename I>
-void check_indptr(const char* fn, const I* ip, int64_t rows, int64_t nnz) {
-  TORCH_CHECK_VALUE(static_cast<int64_t>(ip[0]) == 0, fn, ": indptr[0] must be 0, got ",
-                    static_cast<int64_t>(ip[0]));
-  TORCH_CHECK_VALUE(static_cast<int64_t>(ip[rows]) == nnz, fn,
-                    ": indptr[-1] must equal the number of entries (", nnz, "), got ",
-                    static_cast<int64_t>(ip[rows]));
-  int64_t bad = -1;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (ip[r + 1] < ip[r]) {
-      bad = r;
-      break;
-    }
-  }
-  TORCH_CHECK_VALUE(bad < 0, fn, ": indptr must be non-decreasing, but indptr[", bad + 1,
-                    "] < indptr[", bad, "]");
-}
 
 // ---------------------------------------------------------------- op
 
