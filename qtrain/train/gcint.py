@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from qtrain import signals
 from qtrain._compat import import_dgl
 from qtrain.models.integer_gcn import (
     IntegerGCN,
@@ -40,7 +39,7 @@ from qtrain.models.integer_gcn import (
     output_error,
 )
 from qtrain.ops.integer import INT8_MAX
-from qtrain.train.loop import Trainer, graph_tensors, quiet_dgl_loader, repeatable_batches
+from qtrain.train.loop import Trainer
 
 
 class GcintTrainer(Trainer):
@@ -91,9 +90,9 @@ class GcintTrainer(Trainer):
 
     def train_epoch(self) -> tuple[float, float]:
         """One epoch: one integer step over the whole graph, or one per mini-batch."""
-        self.model.train()
         if self.minibatch:
-            return self._train_minibatch()
+            return super().train_epoch()  # the float runs' batch loop, with train_batch below
+        self.model.train()
         idx = self.idx["train"].to(self.device)
         logits = self._integer_step(
             self.int_graph, self.int_features, self.labels, idx, self._step_inputs
@@ -108,28 +107,17 @@ class GcintTrainer(Trainer):
         full_in = self.full_in[block.dstdata[nid].to(self.full_in.device)]
         return IntegerGraph.of_block(block, full_out, full_in).to(self.device)
 
-    def _train_minibatch(self) -> tuple[float, float]:
-        total_loss, seen = 0.0, 0
-        outputs: list[torch.Tensor] = []
-        targets: list[torch.Tensor] = []
-        num_batches = len(self.loader)
-        with quiet_dgl_loader():
-            batches = repeatable_batches(self.loader)
-            for step, (input_nodes, output_nodes, blocks) in enumerate(batches, start=1):
-                signals.raise_if_stopped()
-                x = self.int_features[input_nodes.to(self.device)]
-                y = self.labels[output_nodes.to(self.device)]
-                graphs = [self._block_graph(block) for block in blocks]
-                inputs = [x, y, *(t for block in blocks for t in graph_tensors(block))]
-                rows = torch.arange(y.shape[0], device=self.device)
-                logits = self._integer_step(graphs, x, y, rows, inputs)
-                total_loss += self._mse(logits, y) * y.shape[0]
-                seen += y.shape[0]
-                outputs.append(logits.to(torch.float32))
-                targets.append(y)
-                self.reporter.batch(step, num_batches)
-        train_metric = self.metric_fn(torch.cat(outputs), torch.cat(targets)) if outputs else 0.0
-        return total_loss / max(seen, 1), train_metric
+    def batch_features(self, input_nodes: torch.Tensor) -> torch.Tensor:
+        return self.int_features[input_nodes.to(self.int_features.device)]
+
+    def train_batch(
+        self, blocks: list[Any], x: torch.Tensor, y: torch.Tensor, inputs: list[torch.Tensor]
+    ) -> tuple[float, torch.Tensor]:
+        """One integer step on the batch's sampled blocks; the loss is the MSE in units of 127."""
+        graphs = [self._block_graph(block) for block in blocks]
+        rows = torch.arange(y.shape[0], device=y.device)
+        logits = self._integer_step(graphs, x, y, rows, inputs)
+        return self._mse(logits, y), logits.to(torch.float32)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:

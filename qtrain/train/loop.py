@@ -88,7 +88,7 @@ def graph_tensors(graph: Any) -> list[torch.Tensor]:
 
 
 @contextmanager
-def quiet_dgl_loader() -> Iterator[None]:
+def _quiet_dgl_loader() -> Iterator[None]:
     """DGL's DataLoader warns about CPU affinity on every iteration; it is advice, not a fault."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*CPU affinity.*")
@@ -237,33 +237,46 @@ class Trainer:
         outputs: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
         num_batches = len(self.loader)
-        with quiet_dgl_loader():
+        with _quiet_dgl_loader():
             batches = repeatable_batches(self.loader)
             for step, (input_nodes, output_nodes, blocks) in enumerate(batches, start=1):
                 signals.raise_if_stopped()
-                x = self.feat[input_nodes.to(self.feat.device)]
+                x = self.batch_features(input_nodes)
                 y = self.labels[output_nodes.to(self.labels.device)]
-                self.optimizer.zero_grad(set_to_none=True)
                 inputs = [x, y, *(t for block in blocks for t in graph_tensors(block))]
-                with self.meter.step(inputs):
-                    logits = self.model(blocks, x)
-                    loss = self.loss_fn(logits, y)
-                    loss.backward()
-                    self.optimizer.step()
-                total_loss += float(loss.item()) * len(output_nodes)
+                loss, logits = self.train_batch(blocks, x, y, inputs)
+                total_loss += loss * len(output_nodes)
                 seen += len(output_nodes)
-                outputs.append(logits.detach())
+                outputs.append(logits)
                 targets.append(y)
                 self.reporter.batch(step, num_batches)
         train_metric = self.metric_fn(torch.cat(outputs), torch.cat(targets)) if outputs else 0.0
         return total_loss / max(seen, 1), train_metric
+
+    def batch_features(self, input_nodes: torch.Tensor) -> torch.Tensor:
+        """The input rows of a mini-batch (a trainer with its own feature encoding overrides
+        this)."""
+        return self.feat[input_nodes.to(self.feat.device)]
+
+    def train_batch(
+        self, blocks: list[Any], x: torch.Tensor, y: torch.Tensor, inputs: list[torch.Tensor]
+    ) -> tuple[float, torch.Tensor]:
+        """One update on a mini-batch: its mean loss and its logits, detached (a trainer with
+        its own update overrides this). ``inputs`` are what the step's meter excludes."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.meter.step(inputs):
+            logits = self.model(blocks, x)
+            loss = self.loss_fn(logits, y)
+            loss.backward()
+            self.optimizer.step()
+        return float(loss.item()), logits.detach()
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
         """Validation and test metrics of the model in eval mode (all neighbours)."""
         self.model.eval()
         if self.minibatch:
-            with quiet_dgl_loader():
+            with _quiet_dgl_loader():
                 logits = self.model.inference(
                     self.graph, self.feat, self.config.eval_batch_size, self.device
                 )
