@@ -3,7 +3,8 @@ same graphs: epoch time, memory and test accuracy, and GCINT's DyQ against its S
 
 Per dataset, the built-in GCN (the example recipe ``examples/cora-gcn.toml``: 2 layers,
 16 hidden units, dropout 0.5, 200 epochs) trains once per seed and variant, the variants
-interleaved within each seed (FP32, tango 8-bit, gcint with DyQ, gcint with StQ), through
+interleaved within each seed (FP32, tango 8-bit, gcint with DyQ, gcint with StQ, gcint
+with DyQ and the integer softmax error), through
 qtrain's runner as ``qtrain run`` would. Per variant: the median of the runs' median epoch
 times, the bytes a step keeps for its backward (qtrain's meter; for gcint, its int8
 saved tensors), the peak resident memory of a step (the meter's, whole process), the
@@ -35,6 +36,11 @@ VARIANTS: dict[str, list[str]] = {
     "tango": ['quant.plugin=["tango"]', "quant.tango.bits=8"],
     "gcint dyq": ["train.numerics=gcint", "train.gcint_quantizer=dyq"],
     "gcint stq": ["train.numerics=gcint", "train.gcint_quantizer=stq"],
+    "gcint dyq softmax": [
+        "train.numerics=gcint",
+        "train.gcint_quantizer=dyq",
+        "train.gcint_loss=softmax",
+    ],
 }
 
 

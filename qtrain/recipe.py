@@ -70,6 +70,12 @@ class TrainConfig:
         "gcint: how activations go back to int8 after each product: dyq (the 7-bit window "
         "holding the most values, per tensor) or stq (the fixed window at bit 7)",
     )
+    gcint_loss: Literal["mse", "softmax"] = option(
+        "mse",
+        "gcint: the output error, mse (the paper's: logits minus 127 x one-hot) or softmax "
+        "(cross-entropy's, with a table-lookup softmax in integers; for more than a few "
+        "classes)",
+    )
     gcint_lr_shift: int = option(
         4,
         "gcint: integer SGD step, W32 -= G8 * 2^shift (master weights carry 8 bits below "

@@ -31,12 +31,12 @@ import torch
 
 from qtrain._compat import import_dgl
 from qtrain.models.integer_gcn import (
+    OUTPUT_ERRORS,
     IntegerGCN,
     IntegerGraph,
     IntegerSGD,
     Saved,
     integer_features,
-    output_error,
 )
 from qtrain.ops.integer import INT8_MAX
 from qtrain.train.loop import Trainer
@@ -52,6 +52,7 @@ class GcintTrainer(Trainer):
         integer_model = IntegerGCN.from_gcn(model, config.gcint_quantizer)
         super().__init__(integer_model, graph, **kwargs)  # type: ignore[arg-type]
         self.int_features = integer_features(self.feat)
+        self.output_error = OUTPUT_ERRORS[config.gcint_loss]
         # on a GPU the DGL graph may stay on the CPU (DGL's CPU build; qtrain's route runs it)
         int_graph = IntegerGraph.of(self.graph, transposed=not self.minibatch)
         self.int_graph = int_graph.to(self.device)
@@ -72,7 +73,7 @@ class GcintTrainer(Trainer):
         model: IntegerGCN = self.model  # type: ignore[assignment]
         with self.meter.step(inputs):
             logits, saved = model(graphs, x, train=True)
-            grads = model.backward(graphs, saved, output_error(logits, labels, rows))
+            grads = model.backward(graphs, saved, self.output_error(logits, labels, rows))
             self.optimizer.step(grads)
         self._count_saved(saved)
         return logits

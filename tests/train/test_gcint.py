@@ -16,7 +16,7 @@ from qtrain.models.integer_gcn import (
     IntegerGraph,
     IntegerSGD,
     integer_features,
-    output_error,
+    mse_error,
 )
 from qtrain.ops import integer
 from qtrain.recipe import build_recipe
@@ -46,7 +46,7 @@ def _step(seed: int) -> tuple[Any, ...]:
     x = integer_features(torch.rand(60, 24))
     model = IntegerGCN([torch.randn(24, 16), torch.randn(16, 5)], 0.0, 0.0)
     logits, saved = model(graph, x, train=True)
-    error = output_error(logits, torch.randint(0, 5, (60,)), torch.arange(0, 60, 2))
+    error = mse_error(logits, torch.randint(0, 5, (60,)), torch.arange(0, 60, 2))
     return graph, model, saved, error
 
 
@@ -112,9 +112,9 @@ def test_backward_with_its_windows_points_where_autograd_points(seed: int) -> No
         assert _cosine(got, want) > 0.8
 
 
-def test_output_error_is_logits_minus_127_onehot_on_training_rows() -> None:
+def test_mse_error_is_logits_minus_127_onehot_on_training_rows() -> None:
     logits = torch.tensor([[100, -20], [5, 127], [-127, 0]], dtype=torch.int8)
-    error = output_error(logits, torch.tensor([0, 1, 0]), torch.tensor([0, 2]))
+    error = mse_error(logits, torch.tensor([0, 1, 0]), torch.tensor([0, 2]))
     # row 2: -127 - 127 saturates at -127; row 1 is not a training row
     assert error.tolist() == [[-27, -20], [0, 0], [-127, 0]]
 
