@@ -3,14 +3,16 @@
 Why a training mode and not a plugin: a plugin swaps DGL's primitives under the
 runner's autograd, Adam and cross-entropy, and composes with other plugins. GCINT
 replaces those three themselves (its own backward with its own quantizers, integer
-SGD, an MSE loss without softmax), so it is the loop that changes, not a primitive;
+SGD, an integer loss without autograd), so it is the loop that changes, not a primitive;
 no plugin can run beside it (the recipe refuses the combination).
 
 ``GcintTrainer`` is the runner's ``Trainer`` with the float GCN it is handed turned
 into ``qtrain.models.integer_gcn.IntegerGCN`` (the same initial weights, so a seed
 starts both numerics alike): the run directory, metrics, evaluation schedule, early
-stopping, checkpoints and resume are the float runs'. The loss it reports is the mean
-squared error of the training rows in units of 127 (the targets' one-hot scale).
+stopping, checkpoints and resume are the float runs'. The loss it reports is the one its
+output error (``train.gcint_loss``) is the gradient of: the mean squared error of the
+training rows in units of 127 (the targets' one-hot scale), or the cross-entropy of the
+integer softmax.
 
 Full-graph (``mode = "full"``): one integer step per epoch over the whole graph.
 Mini-batch (``mode = "minibatch"``, GCINT's Table 3 setting): the float runs' neighbour
@@ -25,6 +27,7 @@ scales.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -32,6 +35,7 @@ import torch
 from qtrain._compat import import_dgl
 from qtrain.models.integer_gcn import (
     OUTPUT_ERRORS,
+    SOFTMAX_TEMPERATURE,
     IntegerGCN,
     IntegerGraph,
     IntegerSGD,
@@ -83,11 +87,15 @@ class GcintTrainer(Trainer):
         self.saved_bytes = max(self.saved_bytes, saved.nbytes())
         self.meter.activation_bytes = max(self.meter.activation_bytes, self.saved_bytes)
 
-    @staticmethod
-    def _mse(logits: torch.Tensor, labels: torch.Tensor) -> float:
-        rows = logits.to(torch.float32) / INT8_MAX
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        """The loss the output error is the gradient of, for the report only: the MSE in
+        units of 127, or the cross-entropy of the integer softmax (base 2)."""
+        rows = logits.to(torch.float32)
+        if self.config.gcint_loss == "softmax":
+            rows = rows * (math.log(2) / SOFTMAX_TEMPERATURE)
+            return float(torch.nn.functional.cross_entropy(rows, labels))
         target = torch.nn.functional.one_hot(labels, rows.shape[1]).to(rows.dtype)
-        return float(((rows - target) ** 2).mean())
+        return float(((rows / INT8_MAX - target) ** 2).mean())
 
     def train_epoch(self) -> tuple[float, float]:
         """One epoch: one integer step over the whole graph, or one per mini-batch."""
@@ -98,7 +106,7 @@ class GcintTrainer(Trainer):
         logits = self._integer_step(
             self.int_graph, self.int_features, self.labels, idx, self._step_inputs
         )
-        return self._mse(logits[idx], self.labels[idx]), self.metric_fn(
+        return self._loss(logits[idx], self.labels[idx]), self.metric_fn(
             logits[idx].to(torch.float32), self.labels[idx]
         )
 
@@ -114,11 +122,11 @@ class GcintTrainer(Trainer):
     def train_batch(
         self, blocks: list[Any], x: torch.Tensor, y: torch.Tensor, inputs: list[torch.Tensor]
     ) -> tuple[float, torch.Tensor]:
-        """One integer step on the batch's sampled blocks; the loss is the MSE in units of 127."""
+        """One integer step on the batch's sampled blocks, and its loss."""
         graphs = [self._block_graph(block) for block in blocks]
         rows = torch.arange(y.shape[0], device=y.device)
         logits = self._integer_step(graphs, x, y, rows, inputs)
-        return self._mse(logits, y), logits.to(torch.float32)
+        return self._loss(logits, y), logits.to(torch.float32)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:

@@ -4,6 +4,7 @@ full-graph and mini-batch runs that learn with the op library's integer products
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,13 @@ import torch
 
 from qtrain.errors import RecipeError
 from qtrain.models.integer_gcn import (
+    SOFTMAX_TEMPERATURE,
     IntegerGCN,
     IntegerGraph,
     IntegerSGD,
     integer_features,
     mse_error,
+    softmax_error,
 )
 from qtrain.ops import integer
 from qtrain.recipe import build_recipe
@@ -119,6 +122,57 @@ def test_mse_error_is_logits_minus_127_onehot_on_training_rows() -> None:
     assert error.tolist() == [[-27, -20], [0, 0], [-127, 0]]
 
 
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+def _float_softmax_error(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """127 * (softmax - onehot) in float64, base 2 at the loss's temperature."""
+    p = torch.softmax(logits.double() * (math.log(2) / SOFTMAX_TEMPERATURE), dim=1)
+    return 127 * (p - torch.nn.functional.one_hot(labels, logits.shape[1]).double())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("rows", "classes"), [(50, 2), (33, 7), (20, 47), (5, 1)])
+def test_softmax_error_is_cross_entropys_gradient_to_a_unit(
+    device: str, rows: int, classes: int
+) -> None:
+    g = torch.Generator().manual_seed(rows * classes)
+    logits = torch.randint(-127, 128, (rows, classes), generator=g, dtype=torch.int8)
+    logits[0] = 127  # a constant row: every class alike
+    if rows > 2:
+        logits[1] = 0
+        logits[2, :] = -127  # the widest gap, 254, once in the row
+        logits[2, 0] = 127
+    labels = torch.randint(0, classes, (rows,), generator=g)
+    train = torch.arange(rows)
+    error = softmax_error(logits.to(device), labels.to(device), train.to(device)).cpu()
+    assert error.dtype == torch.int8
+    # the table and the division round, each to nearest: at most one unit from float
+    assert (error.double() - _float_softmax_error(logits, labels)).abs().max() <= 1
+    # a constant row spreads 127 evenly; the true class keeps 127 / C - 127
+    even = round(127 / classes)
+    assert error[0].tolist() == [even - 127 * (c == labels[0]) for c in range(classes)]
+    # each row's errors sum to 0 but for rounding
+    assert error.sum(dim=1).abs().max() <= classes / 2 + 1
+
+
+def test_softmax_error_ignores_a_rows_offset_and_rows_outside_training() -> None:
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randint(-100, 28, (40, 5), generator=g, dtype=torch.int8)
+    labels = torch.randint(0, 5, (40,), generator=g)
+    train = torch.arange(0, 40, 3)
+    error = softmax_error(logits, labels, train)
+    shifted = softmax_error(logits + 99, labels, train)  # within int8: 28 + 99 = 127
+    assert torch.equal(error, shifted)
+    outside = torch.ones(40, dtype=torch.bool)
+    outside[train] = False
+    assert not error[outside].any()
+    assert not softmax_error(logits, labels, torch.arange(0)).any()  # no training rows
+    # a row already sure of its class (254 units ahead) has no error left
+    sure = torch.tensor([[127, -127, -127]], dtype=torch.int8)
+    assert not softmax_error(sure, torch.tensor([0]), torch.tensor([0])).any()
+
+
 def test_integer_sgd_moves_master_weights_by_the_shifted_gradient() -> None:
     model = IntegerGCN([torch.ones(2, 2)], 0.0, 0.0)
     before = model.master(0).clone()
@@ -144,11 +198,14 @@ def _recipe(tmp_path: Path, **train: Any) -> Any:
     return raw
 
 
-@pytest.mark.parametrize("quantizer", ["dyq", "stq"])
-def test_a_gcint_run_learns_with_integer_products_only(tmp_path: Path, quantizer: str) -> None:
-    summary = execute(
-        build_recipe(_recipe(tmp_path, gcint_quantizer=quantizer), "gcint"), reporter=Reporter()
-    )
+@pytest.mark.parametrize(
+    ("quantizer", "loss"), [("dyq", "mse"), ("stq", "mse"), ("dyq", "softmax")]
+)
+def test_a_gcint_run_learns_with_integer_products_only(
+    tmp_path: Path, quantizer: str, loss: str
+) -> None:
+    raw = _recipe(tmp_path, gcint_quantizer=quantizer, gcint_loss=loss)
+    summary = execute(build_recipe(raw, "gcint"), reporter=Reporter())
     assert summary["status"] == "completed" and summary["numerics"] == "gcint"
     # every product of the run was an integer one (no float GEMM or SpMM counted)
     assert set(summary["kernels"]) == {"int_gemm", "int_spmm", "requantize", "dyq"}
@@ -213,6 +270,7 @@ def test_a_minibatch_gcint_run_learns_on_sampled_blocks(tmp_path: Path) -> None:
         ({"quant": {"plugin": ["tango"]}}, r"remove quant.plugin = \['tango'\]"),
         ({"distributed": {"world_size": 2}}, "set distributed.world_size = 1"),
         ({"train": {"gcint_quantizer": "log"}}, "gcint_quantizer"),
+        ({"train": {"gcint_loss": "cross-entropy"}}, "gcint_loss"),
         ({"train": {"gcint_lr_shift": 17}}, "gcint_lr_shift"),
         ({"train": {"gcint_lr_shift": -8}}, "gcint_lr_shift"),
     ],
