@@ -62,7 +62,7 @@ class TrainConfig:
     numerics: Literal["float32", "gcint"] = option(
         "float32",
         "float32 (autograd, Adam, cross-entropy; [quant] plugins quantize inside it) or "
-        "gcint: the GCN trained integer-only (GCINT: int8 forward, backward, MSE loss and "
+        "gcint: the GCN trained integer-only (GCINT: int8 forward, backward, loss and "
         "integer SGD)",
     )
     gcint_quantizer: Literal["dyq", "stq"] = option(
