@@ -56,8 +56,10 @@ Choices the paper leaves open, and why:
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -346,7 +348,32 @@ def softmax_error(logits: Tensor, labels: Tensor, train_idx: Tensor) -> Tensor:
     return _scatter_rows(_subtract_target(rows, labels[train_idx]), train_idx, logits.shape[0])
 
 
-OUTPUT_ERRORS = {"mse": mse_error, "softmax": softmax_error}  # train.gcint_loss
+def mse_value(logits: Tensor, labels: Tensor) -> float:
+    """The loss ``mse_error`` is the gradient of, for reports: the mean squared error in
+    units of 127 (the targets' one-hot scale)."""
+    rows = logits.to(torch.float32) / integer.INT8_MAX
+    target = torch.nn.functional.one_hot(labels, rows.shape[1]).to(rows.dtype)
+    return float(((rows - target) ** 2).mean())
+
+
+def softmax_value(logits: Tensor, labels: Tensor) -> float:
+    """The loss ``softmax_error`` is the gradient of, for reports: the cross-entropy of the
+    base-2 softmax at ``SOFTMAX_TEMPERATURE``."""
+    rows = logits.to(torch.float32) * (math.log(2) / SOFTMAX_TEMPERATURE)
+    return float(torch.nn.functional.cross_entropy(rows, labels))
+
+
+class IntegerLoss(NamedTuple):
+    """A ``train.gcint_loss``: its int8 output error, and the value it is the gradient of."""
+
+    error: Callable[[Tensor, Tensor, Tensor], Tensor]
+    value: Callable[[Tensor, Tensor], float]
+
+
+LOSSES = {
+    "mse": IntegerLoss(mse_error, mse_value),
+    "softmax": IntegerLoss(softmax_error, softmax_value),
+}
 
 
 class IntegerSGD:

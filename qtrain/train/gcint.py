@@ -27,22 +27,19 @@ scales.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from qtrain._compat import import_dgl
 from qtrain.models.integer_gcn import (
-    OUTPUT_ERRORS,
-    SOFTMAX_TEMPERATURE,
+    LOSSES,
     IntegerGCN,
     IntegerGraph,
     IntegerSGD,
     Saved,
     integer_features,
 )
-from qtrain.ops.integer import INT8_MAX
 from qtrain.train.loop import Trainer
 
 
@@ -56,7 +53,7 @@ class GcintTrainer(Trainer):
         integer_model = IntegerGCN.from_gcn(model, config.gcint_quantizer)
         super().__init__(integer_model, graph, **kwargs)  # type: ignore[arg-type]
         self.int_features = integer_features(self.feat)
-        self.output_error = OUTPUT_ERRORS[config.gcint_loss]
+        self.loss = LOSSES[config.gcint_loss]
         # on a GPU the DGL graph may stay on the CPU (DGL's CPU build; qtrain's route runs it)
         int_graph = IntegerGraph.of(self.graph, transposed=not self.minibatch)
         self.int_graph = int_graph.to(self.device)
@@ -77,7 +74,7 @@ class GcintTrainer(Trainer):
         model: IntegerGCN = self.model  # type: ignore[assignment]
         with self.meter.step(inputs):
             logits, saved = model(graphs, x, train=True)
-            grads = model.backward(graphs, saved, self.output_error(logits, labels, rows))
+            grads = model.backward(graphs, saved, self.loss.error(logits, labels, rows))
             self.optimizer.step(grads)
         self._count_saved(saved)
         return logits
@@ -86,16 +83,6 @@ class GcintTrainer(Trainer):
         # nothing goes through autograd: what the step keeps for its backward is int8
         self.saved_bytes = max(self.saved_bytes, saved.nbytes())
         self.meter.activation_bytes = max(self.meter.activation_bytes, self.saved_bytes)
-
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
-        """The loss the output error is the gradient of, for the report only: the MSE in
-        units of 127, or the cross-entropy of the integer softmax (base 2)."""
-        rows = logits.to(torch.float32)
-        if self.config.gcint_loss == "softmax":
-            rows = rows * (math.log(2) / SOFTMAX_TEMPERATURE)
-            return float(torch.nn.functional.cross_entropy(rows, labels))
-        target = torch.nn.functional.one_hot(labels, rows.shape[1]).to(rows.dtype)
-        return float(((rows / INT8_MAX - target) ** 2).mean())
 
     def train_epoch(self) -> tuple[float, float]:
         """One epoch: one integer step over the whole graph, or one per mini-batch."""
@@ -106,7 +93,7 @@ class GcintTrainer(Trainer):
         logits = self._integer_step(
             self.int_graph, self.int_features, self.labels, idx, self._step_inputs
         )
-        return self._loss(logits[idx], self.labels[idx]), self.metric_fn(
+        return self.loss.value(logits[idx], self.labels[idx]), self.metric_fn(
             logits[idx].to(torch.float32), self.labels[idx]
         )
 
@@ -126,7 +113,7 @@ class GcintTrainer(Trainer):
         graphs = [self._block_graph(block) for block in blocks]
         rows = torch.arange(y.shape[0], device=y.device)
         logits = self._integer_step(graphs, x, y, rows, inputs)
-        return self._loss(logits, y), logits.to(torch.float32)
+        return self.loss.value(logits, y), logits.to(torch.float32)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
