@@ -4,8 +4,8 @@ same graphs: epoch time, memory and test accuracy, and GCINT's DyQ against its S
 Per dataset, the built-in GCN (the example recipe ``examples/cora-gcn.toml``: 2 layers,
 16 hidden units, dropout 0.5, 200 epochs) trains once per seed and variant, the variants
 interleaved within each seed (FP32, tango 8-bit, gcint with DyQ, gcint with StQ, gcint
-with DyQ and the integer softmax error), through
-qtrain's runner as ``qtrain run`` would. Per variant: the median of the runs' median epoch
+with DyQ and the integer softmax error, gcint with the bounded DyQ and the softmax error),
+through qtrain's runner as ``qtrain run`` would. Per variant: the median of the runs' median epoch
 times, the bytes a step keeps for its backward (qtrain's meter; for gcint, its int8
 saved tensors), the peak resident memory of a step (the meter's, whole process), the
 mean and spread of the test accuracy, and how many runs diverged or failed (stability).
@@ -39,6 +39,11 @@ VARIANTS: dict[str, list[str]] = {
     "gcint dyq softmax": [
         "train.numerics=gcint",
         "train.gcint_quantizer=dyq",
+        "train.gcint_loss=softmax",
+    ],
+    "gcint bounded softmax": [
+        "train.numerics=gcint",
+        "train.gcint_quantizer=dyq-bounded",
         "train.gcint_loss=softmax",
     ],
 }

@@ -65,10 +65,12 @@ class TrainConfig:
         "gcint: the GCN trained integer-only (GCINT: int8 forward, backward, loss and "
         "integer SGD)",
     )
-    gcint_quantizer: Literal["dyq", "stq"] = option(
+    gcint_quantizer: Literal["dyq", "stq", "dyq-bounded"] = option(
         "dyq",
         "gcint: how activations go back to int8 after each product: dyq (the 7-bit window "
-        "holding the most values, per tensor) or stq (the fixed window at bit 7)",
+        "holding the most values, per tensor), stq (the fixed window at bit 7) or "
+        "dyq-bounded (the lowest window that saturates at most 1 value in 8192: the "
+        "largest activations keep their size; for mini-batches and many classes)",
     )
     gcint_loss: Literal["mse", "softmax"] = option(
         "mse",

@@ -31,7 +31,14 @@ def test_every_variant_runs_side_by_side(
     argv += ["--set", "dataset.nodes=200", "--set", f"output.dir={tmp_path}", "--json", str(out)]
     assert gcint.main(argv) == 0
     rows = json.loads(out.read_text())["results"]["synthetic-small"]
-    assert list(rows) == ["fp32", "tango", "gcint dyq", "gcint stq", "gcint dyq softmax"]
+    assert list(rows) == [
+        "fp32",
+        "tango",
+        "gcint dyq",
+        "gcint stq",
+        "gcint dyq softmax",
+        "gcint bounded softmax",
+    ]
     for name, row in rows.items():
         assert row["completed"] == row["runs"] == 1, (name, row["statuses"])
         assert row["epoch_ms"] > 0 and row["test_acc"] is not None

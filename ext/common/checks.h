@@ -128,6 +128,14 @@ inline void window_shift(const char* fn, int64_t shift) {
                     shift);
 }
 
+// dyq's saturation bound: at most one nonzero value in 2^tail saturates, tail in 0..24 (a
+// count below 2^39 times 2^tail stays within int64). None: the paper's fullest window.
+inline void dyq_tail(const char* fn, const std::optional<int64_t>& tail) {
+  if (!tail.has_value()) return;
+  TORCH_CHECK_VALUE(*tail >= 0 && *tail <= 24, fn,
+                    ": tail must be None or an integer in 0..24, got ", *tail);
+}
+
 // ---------------------------------------------------------------- row codecs, bit packing
 
 // Bits per value of the row codecs and bit packing (ops/quantize_rows.cpp and the rest).

@@ -2,13 +2,15 @@
 // twin cuda/dyq_kernel.cu): GCINT's DyQ. Two passes over the int32 tensor: the 32-bin
 // histogram of the magnitudes' leading-one positions (per-thread bins over flat ranges,
 // summed: integer counts, so the result does not depend on the thread count), the window
-// chosen from it (cpu/integer.h window_shift), then requantize's pass with that window.
+// chosen from it (cpu/integer.h window_shift, or bounded_window_shift with a tail), then
+// requantize's pass with that window.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <torch/library.h>
 
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "cpu/integer.h"
@@ -18,7 +20,7 @@ namespace qtrain {
 namespace integer {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> dyq(const at::Tensor& x_in) {
+std::tuple<at::Tensor, at::Tensor> dyq(const at::Tensor& x_in, std::optional<int64_t> tail) {
   const at::Tensor x = x_in.contiguous();
   const int64_t n = x.numel();
   const int32_t* px = x.const_data_ptr<int32_t>();
@@ -30,7 +32,8 @@ std::tuple<at::Tensor, at::Tensor> dyq(const at::Tensor& x_in) {
     const std::lock_guard<std::mutex> lock(merge);
     for (int i = 0; i < 32; ++i) hist[i] += part[i];
   });
-  const int shift = window_shift(hist);
+  const int shift =
+      tail.has_value() ? bounded_window_shift(hist, static_cast<int>(*tail)) : window_shift(hist);
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kChar));
   if (n > 0) {
     advise_huge_pages(out.mutable_data_ptr<int8_t>(), static_cast<size_t>(n));

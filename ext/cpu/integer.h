@@ -61,5 +61,19 @@ inline int window_shift(const int64_t* hist) {
   return best;
 }
 
+// dyq with a saturation bound: the first k in 0..25 whose window saturates at most one
+// nonzero magnitude in 2^tail (those in bins k + 7 .. 31); k = 25 saturates none.
+inline int bounded_window_shift(const int64_t* hist, int tail) {
+  int64_t nonzero = 0;
+  for (int b = 0; b < 32; ++b) nonzero += hist[b];
+  int64_t saturated = 0;  // bins k + 7 .. 31, for k from 25 down
+  int best = kMaxShift;
+  for (int k = kMaxShift; k >= 0; --k) {
+    if (k + kWindow <= 31) saturated += hist[k + kWindow];
+    if ((saturated << tail) <= nonzero) best = k;
+  }
+  return best;
+}
+
 }  // namespace integer
 }  // namespace qtrain

@@ -11,8 +11,10 @@
 //      atomicAdd each into a zero-filled global unsigned long long [32].
 //   2. the requantization: thread 0 of every block derives k from the histogram
 //      (window_shift: the sums of 7 consecutive bins for k = 0..25, the first maximum, so
-//      the lowest k on ties; 0 when all bins are 0), block 0 writes it to the int64 0-d
-//      shift tensor, and every thread applies cuda/integer.cuh's requantize_one with it.
+//      the lowest k on ties; 0 when all bins are 0; or, with a tail, bounded_window_shift:
+//      the lowest k whose bins k + 7 .. 31 hold at most one nonzero value in 2^tail), block
+//      0 writes it to the int64 0-d shift tensor, and every thread applies
+//      cuda/integer.cuh's requantize_one with it.
 //
 // Integer counts and integer arithmetic only: the result is the reference's bit for bit, for
 // any launch shape. Both passes load 4 elements at a time (int4) where x is 16-byte aligned.
@@ -21,6 +23,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <tuple>
 
 #include "cuda/common.cuh"
@@ -99,14 +102,31 @@ __device__ __forceinline__ int window_shift(const unsigned long long* __restrict
   return k;
 }
 
+// dyq with a saturation bound: the first k in 0..25 whose bins k + 7 .. 31 hold at most one
+// nonzero value in 2^tail (k = 25 saturates none).
+__device__ __forceinline__ int bounded_window_shift(const unsigned long long* __restrict__ hist,
+                                                    int tail) {
+  unsigned long long nonzero = 0;
+#pragma unroll
+  for (int b = 0; b < kBins; ++b) nonzero += hist[b];
+  unsigned long long saturated = 0;
+  int best = kMaxShift;
+  for (int k = kMaxShift; k >= 0; --k) {
+    if (k + kWindow < kBins) saturated += hist[k + kWindow];
+    if ((saturated << tail) <= nonzero) best = k;
+  }
+  return best;
+}
+
+// tail < 0: the paper's fullest window; else bounded_window_shift.
 template <bool VEC>
 __global__ void __launch_bounds__(kThreads)
     dyq_requantize_kernel(const int32_t* __restrict__ x, int8_t* __restrict__ q, int64_t n,
-                          const unsigned long long* __restrict__ hist,
+                          const unsigned long long* __restrict__ hist, int tail,
                           int64_t* __restrict__ shift_out) {
   __shared__ int shift_s;
   if (threadIdx.x == 0) {
-    const int k = window_shift(hist);
+    const int k = tail < 0 ? window_shift(hist) : bounded_window_shift(hist, tail);
     shift_s = k;
     if (blockIdx.x == 0) *shift_out = k;
   }
@@ -114,7 +134,8 @@ __global__ void __launch_bounds__(kThreads)
   requantize_range<VEC>(x, q, n, shift_s);
 }
 
-std::tuple<at::Tensor, at::Tensor> dyq(const at::Tensor& x_in) {
+std::tuple<at::Tensor, at::Tensor> dyq(const at::Tensor& x_in, std::optional<int64_t> tail_in) {
+  const int tail = tail_in.has_value() ? static_cast<int>(*tail_in) : -1;
   const int64_t n = x_in.numel();
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
@@ -132,11 +153,11 @@ std::tuple<at::Tensor, at::Tensor> dyq(const at::Tensor& x_in) {
   if (vec) {
     histogram_kernel<true><<<grid, kThreads, 0, stream>>>(xp, n, hp);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    dyq_requantize_kernel<true><<<grid, kThreads, 0, stream>>>(xp, qp, n, hp, sp);
+    dyq_requantize_kernel<true><<<grid, kThreads, 0, stream>>>(xp, qp, n, hp, tail, sp);
   } else {
     histogram_kernel<false><<<grid, kThreads, 0, stream>>>(xp, n, hp);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    dyq_requantize_kernel<false><<<grid, kThreads, 0, stream>>>(xp, qp, n, hp, sp);
+    dyq_requantize_kernel<false><<<grid, kThreads, 0, stream>>>(xp, qp, n, hp, tail, sp);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {q, shift};

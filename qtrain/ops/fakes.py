@@ -205,7 +205,7 @@ def requantize(x: Tensor, shift: int) -> Tensor:
     return _empty(x.shape, torch.int8, x)
 
 
-def dyq(x: Tensor) -> tuple[Tensor, Tensor]:
+def dyq(x: Tensor, tail: int | None = None) -> tuple[Tensor, Tensor]:
     return _empty(x.shape, torch.int8, x), _empty((), torch.int64, x)
 
 

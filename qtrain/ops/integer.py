@@ -46,6 +46,7 @@ INT8_MAX = 127
 WINDOW = 7  # magnitude bits of an int8 (the sign is the eighth)
 MAX_SHIFT = 25  # equation 2: k = 0 .. 25, so the window's top bit is at most 31
 STATIC_SHIFT = 7  # StQ: DyQ with k fixed at 7
+MAX_TAIL = 24  # dyq's tail: a count (< 2^39) times 2^tail stays within int64
 
 
 INT_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends of every op here
@@ -84,11 +85,21 @@ def msb_histogram(x: Tensor) -> Tensor:
     return torch.bincount(exponent.to(torch.int64) - 1, minlength=32)
 
 
-def window_shift(hist: Tensor) -> Tensor:
-    """DyQ's ``k`` from an MSB histogram (equation 2): the start of the 7-bit window that
-    holds the most nonzero magnitudes, the lowest ``k`` on ties; an int64 0-d tensor."""
-    windows = hist.unfold(0, WINDOW, 1)[: MAX_SHIFT + 1].sum(dim=1)
-    return torch.argmax(windows)  # the first maximum: the lowest k
+def window_shift(hist: Tensor, tail: int | None = None) -> Tensor:
+    """DyQ's ``k`` from an MSB histogram; an int64 0-d tensor.
+
+    ``tail=None`` (equation 2): the start of the 7-bit window that holds the most nonzero
+    magnitudes, the lowest ``k`` on ties. ``tail=t``: the lowest ``k`` that saturates at
+    most one nonzero magnitude in ``2^t`` (those with their leading one at bit ``k + 7`` or
+    above), so the largest values keep their size and only a bounded tail is clipped."""
+    if tail is None:
+        windows = hist.unfold(0, WINDOW, 1)[: MAX_SHIFT + 1].sum(dim=1)
+        return torch.argmax(windows)  # the first maximum: the lowest k
+    # above[j] = how many magnitudes have their leading one at bit j or higher
+    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])
+    saturated = torch.cat([above[WINDOW:], above.new_zeros(WINDOW)])[: MAX_SHIFT + 1]
+    fits = (saturated << tail) <= above[0]
+    return torch.argmax(fits.to(torch.int64))  # the first k that fits (k = 25 always does)
 
 
 def reference_requantize(x: Tensor, shift: int) -> Tensor:
@@ -101,9 +112,10 @@ def reference_requantize(x: Tensor, shift: int) -> Tensor:
     return torch.where(x < 0, -magnitude, magnitude).to(torch.int8)
 
 
-def reference_dyq(x: Tensor) -> tuple[Tensor, Tensor]:
-    """DyQ by its definition: the histogram, the window, the requantization."""
-    shift = window_shift(msb_histogram(x))
+def reference_dyq(x: Tensor, tail: int | None = None) -> tuple[Tensor, Tensor]:
+    """DyQ by its definition: the histogram, the window (``window_shift``), the
+    requantization."""
+    shift = window_shift(msb_histogram(x), tail)
     return reference_requantize(x, int(shift)), shift
 
 
@@ -144,15 +156,19 @@ def requantize(x: Tensor, shift: int, backend: str = "auto") -> Tensor:
         return torch.ops.qtrain.requantize(x, shift)
 
 
-def dyq(x: Tensor, backend: str = "auto") -> tuple[Tensor, Tensor]:
-    """Dynamic quantization (DyQ): int32 ``x`` to int8 through its fullest 7-bit window;
-    returns the int8 tensor and the window's ``k`` (int64 0-d, on ``x``'s device)."""
+def dyq(x: Tensor, backend: str = "auto", *, tail: int | None = None) -> tuple[Tensor, Tensor]:
+    """Dynamic quantization (DyQ): int32 ``x`` to int8 through its fullest 7-bit window, or
+    with ``tail=t`` the lowest window that saturates at most one value in ``2^t``
+    (``window_shift``); returns the int8 tensor and the window's ``k`` (int64 0-d, on
+    ``x``'s device)."""
     _check_int("dyq", x, (torch.int32,))
+    if tail is not None and (isinstance(tail, bool) or not 0 <= tail <= MAX_TAIL):
+        raise ValueError(f"dyq: tail must be None or an integer in 0..{MAX_TAIL}, got {tail!r}")
     chosen = dispatch.resolve("dyq", x, backend, kernels=INT_KERNELS)
     with dispatch.call("dyq", chosen):
         if chosen == "reference":
-            return reference_dyq(x)
-        return torch.ops.qtrain.dyq(x)
+            return reference_dyq(x, tail)
+        return torch.ops.qtrain.dyq(x, tail)
 
 
 def dyq_shift(x: Tensor) -> int:

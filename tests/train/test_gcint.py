@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from qtrain._compat import import_dgl
 from qtrain.errors import RecipeError
 from qtrain.models.integer_gcn import (
+    BOUNDED_TAIL,
     SOFTMAX_TEMPERATURE,
     IntegerGCN,
     IntegerGraph,
@@ -31,8 +33,7 @@ from qtrain.train.progress import Reporter
 def _graph(nodes: int, edges: int, seed: int) -> IntegerGraph:
     """A random directed graph with self-loops and GCN's weights (not symmetric: A and
     A^T differ, so a transpose mistake shows)."""
-    import dgl
-
+    dgl = import_dgl()
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, nodes, (edges,), generator=g)
     dst = torch.randint(0, nodes, (edges,), generator=g)
@@ -224,7 +225,8 @@ def _recipe(tmp_path: Path, **train: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("quantizer", "loss"), [("dyq", "mse"), ("stq", "mse"), ("dyq", "softmax")]
+    ("quantizer", "loss"),
+    [("dyq", "mse"), ("stq", "mse"), ("dyq", "softmax"), ("dyq-bounded", "softmax")],
 )
 def test_a_gcint_run_learns_with_integer_products_only(
     tmp_path: Path, quantizer: str, loss: str
@@ -242,6 +244,25 @@ def test_a_gcint_run_learns_with_integer_products_only(
     chance = 1 / 4  # synthetic-small: 4 classes
     assert summary["test_acc"] > chance + 0.25
     assert summary["activation_bytes"] > 0
+
+
+def test_the_bounded_quantizer_keeps_the_largest_activations() -> None:
+    """``dyq-bounded`` windows a forward product so that at most one nonzero value in
+    ``2^BOUNDED_TAIL`` saturates, where the paper's DyQ sits on the many small values and
+    clips the few large ones to 127 (what cost mini-batch accuracy)."""
+    g = torch.Generator().manual_seed(0)
+    small = torch.randint(-300, 300, (50_000,), generator=g, dtype=torch.int32)
+    large = torch.randint(2**16, 2**18, (40,), generator=g, dtype=torch.int32)
+    x = torch.cat([small, large]).view(-1, 10)
+    weights = [torch.randn(4, 3)]
+    clipped = IntegerGCN(weights, 0.0, 0.0, "dyq")._window(x)
+    bounded = IntegerGCN(weights, 0.0, 0.0, "dyq-bounded")._window(x)
+    nonzero = int((x != 0).sum())
+    assert torch.all(clipped.flatten()[-40:] == 127)  # DyQ: every large value clipped
+    assert int((bounded.abs() == 127).sum()) * 2**BOUNDED_TAIL <= nonzero
+    kept = bounded.flatten()[-40:][torch.argsort(large)]
+    assert torch.all(kept[1:] >= kept[:-1])  # still in the order of their sizes
+    assert kept.unique().numel() >= 10 and int(kept[0]) < 64  # 2^16 .. 2^18: a 4x spread
 
 
 def test_on_many_classes_the_softmax_error_trains_where_the_mse_does_not(
@@ -264,8 +285,7 @@ def test_a_block_with_all_neighbours_is_the_full_graphs_rows() -> None:
     """A block whose destinations keep every in-edge gets the full graph's int8 weights, so
     mini-batch training and full-graph evaluation compute one model; a sampled block gets
     the unbiased weights ``sqrt(d_in(v) / d_out(u)) / block_in(v)``."""
-    import dgl
-
+    dgl = import_dgl()
     g = torch.Generator().manual_seed(4)
     src, dst = torch.randint(0, 50, (300,), generator=g), torch.randint(0, 50, (300,), generator=g)
     graph = dgl.add_self_loop(dgl.graph((src, dst), num_nodes=50))
