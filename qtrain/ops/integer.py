@@ -7,6 +7,9 @@ magnitudes and the sign, the window chosen per tensor.
 * :func:`dyq` (the paper's DyQ, equations 2-4): the window ``[k, k + 6]`` of bit
   positions that holds the most nonzero magnitudes (``g(k)``, over ``k = 0 .. 25``;
   ties go to the lowest ``k``, which loses the fewest small values);
+  with ``tail=t``, the lowest window that saturates at most one nonzero magnitude in
+  ``2^t`` (not the paper's: ``train.gcint_quantizer = "dyq-bounded"``, whose reason is in
+  ``qtrain/models/integer_gcn.py``);
 * :func:`stq` (StQ): the fixed window ``k = 7`` (the int8 x int8 product's bits
   7 .. 13, as if both operands were fractions of 127);
 * :func:`quantize_weights` (Q_w, equation 7): ``ceil(w * 127 / max|w|)``;
@@ -162,7 +165,9 @@ def dyq(x: Tensor, backend: str = "auto", *, tail: int | None = None) -> tuple[T
     (``window_shift``); returns the int8 tensor and the window's ``k`` (int64 0-d, on
     ``x``'s device)."""
     _check_int("dyq", x, (torch.int32,))
-    if tail is not None and (isinstance(tail, bool) or not 0 <= tail <= MAX_TAIL):
+    if tail is not None and (
+        isinstance(tail, bool) or not isinstance(tail, int) or not 0 <= tail <= MAX_TAIL
+    ):
         raise ValueError(f"dyq: tail must be None or an integer in 0..{MAX_TAIL}, got {tail!r}")
     chosen = dispatch.resolve("dyq", x, backend, kernels=INT_KERNELS)
     with dispatch.call("dyq", chosen):

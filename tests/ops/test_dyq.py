@@ -93,7 +93,7 @@ def test_the_bounded_window_is_the_lowest_that_saturates_within_the_tail(
 
 def test_the_public_dyq_refuses_a_tail_out_of_range() -> None:
     x = torch.ones(3, dtype=torch.int32)
-    for tail in (-1, integer.MAX_TAIL + 1, True):
+    for tail in (-1, integer.MAX_TAIL + 1, True, 3.0):
         with pytest.raises(ValueError, match=r"dyq: tail must be None or an integer in 0\.\.24"):
             integer.dyq(x, "reference", tail=tail)
 
