@@ -12,6 +12,9 @@ magnitudes and the sign, the window chosen per tensor.
   ``qtrain/models/integer_gcn.py``);
 * :func:`stq` (StQ): the fixed window ``k = 7`` (the int8 x int8 product's bits
   7 .. 13, as if both operands were fractions of 127);
+* :func:`row_window` (not the paper's): each row of a matrix through its own window, the
+  lowest that saturates nothing (the softmax loss reads the logits so; its reason is in
+  ``qtrain/models/integer_gcn.py``);
 * :func:`quantize_weights` (Q_w, equation 7): ``ceil(w * 127 / max|w|)``;
 * :func:`int_gemm` and :func:`int_spmm`: int8 operands, exact int32 sums.
 
@@ -185,6 +188,26 @@ def dyq_shift(x: Tensor) -> int:
 def stq(x: Tensor, backend: str = "auto") -> Tensor:
     """Static quantization (StQ): int32 ``x`` to int8 through the window at bit 7."""
     return requantize(x, STATIC_SHIFT, backend)
+
+
+def row_window(x: Tensor) -> Tensor:
+    """int32 ``[rows, C]`` to int8, each row through its own window: the lowest ``k`` at
+    which the row's largest magnitude fits 7 bits (before rounding), rounded to nearest
+    as ``requantize`` rounds, saturated at 127. A row of zeros stays zero.
+
+    Integer operations only (compares, shifts) on ``x``'s device, no host sync; a small
+    tensor (the logits of a batch), so no kernel of its own."""
+    _check_int("row_window", x, (torch.int32,))
+    if x.dim() != 2:
+        raise ValueError(f"row_window: x must be a matrix [rows, C], got {x.dim()} dimensions")
+    magnitude = x.to(torch.int64).abs()
+    top = magnitude.amax(dim=1, keepdim=True) if x.shape[1] else magnitude.sum(1, keepdim=True)
+    # k = how many of 2^7, 2^8, ..., 2^31 the row's largest magnitude reaches
+    limits = torch.tensor([1 << (WINDOW + j) for j in range(MAX_SHIFT)], device=x.device)
+    shift = (top >= limits).sum(dim=1, keepdim=True)
+    half = torch.bitwise_right_shift(torch.bitwise_left_shift(torch.ones_like(shift), shift), 1)
+    magnitude = torch.bitwise_right_shift(magnitude + half, shift).clamp(max=INT8_MAX)
+    return torch.where(x < 0, -magnitude, magnitude).to(torch.int8)
 
 
 def quantize_weights(w: Tensor) -> Tensor:

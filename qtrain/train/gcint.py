@@ -50,10 +50,10 @@ class GcintTrainer(Trainer):
         config = kwargs["config"]
         # the full graph's degrees, which prepare_graph recorded: the block normalisation
         self.full_out, self.full_in = model.deg_out, model.deg_in
-        integer_model = IntegerGCN.from_gcn(model, config.gcint_quantizer)
+        self.loss = LOSSES[config.gcint_loss]
+        integer_model = IntegerGCN.from_gcn(model, config.gcint_quantizer, self.loss.logit_window)
         super().__init__(integer_model, graph, **kwargs)  # type: ignore[arg-type]
         self.int_features = integer_features(self.feat)
-        self.loss = LOSSES[config.gcint_loss]
         # on a GPU the DGL graph may stay on the CPU (DGL's CPU build; qtrain's route runs it)
         int_graph = IntegerGraph.of(self.graph, transposed=not self.minibatch)
         self.int_graph = int_graph.to(self.device)
@@ -69,15 +69,17 @@ class GcintTrainer(Trainer):
         labels: torch.Tensor,
         rows: torch.Tensor,
         inputs: list[torch.Tensor],
-    ) -> torch.Tensor:
-        """Forward, the output error of ``rows``, backward, the integer update; the logits."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, the output error of ``rows``, backward, the integer update; the int32
+        scores (for accuracy) and the int8 logits the loss read."""
         model: IntegerGCN = self.model  # type: ignore[assignment]
         with self.meter.step(inputs):
-            logits, saved = model(graphs, x, train=True)
+            scores, saved = model(graphs, x, train=True)
+            logits = model.logits(scores)
             grads = model.backward(graphs, saved, self.loss.error(logits, labels, rows))
             self.optimizer.step(grads)
         self._count_saved(saved)
-        return logits
+        return scores, logits
 
     def _count_saved(self, saved: Saved) -> None:
         # nothing goes through autograd: what the step keeps for its backward is int8
@@ -90,11 +92,11 @@ class GcintTrainer(Trainer):
             return super().train_epoch()  # the float runs' batch loop, with train_batch below
         self.model.train()
         idx = self.idx["train"].to(self.device)
-        logits = self._integer_step(
+        scores, logits = self._integer_step(
             self.int_graph, self.int_features, self.labels, idx, self._step_inputs
         )
         return self.loss.value(logits[idx], self.labels[idx]), self.metric_fn(
-            logits[idx].to(torch.float32), self.labels[idx]
+            _float_scores(scores[idx]), self.labels[idx]
         )
 
     def _block_graph(self, block: Any) -> IntegerGraph:
@@ -112,18 +114,23 @@ class GcintTrainer(Trainer):
         """One integer step on the batch's sampled blocks, and its loss."""
         graphs = [self._block_graph(block) for block in blocks]
         rows = torch.arange(y.shape[0], device=y.device)
-        logits = self._integer_step(graphs, x, y, rows, inputs)
-        return self.loss.value(logits, y), logits.to(torch.float32)
+        scores, logits = self._integer_step(graphs, x, y, rows, inputs)
+        return self.loss.value(logits, y), _float_scores(scores)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float | None]:
         model: IntegerGCN = self.model  # type: ignore[assignment]
         model.eval()
-        logits, _ = model(self.int_graph, self.int_features, train=False)
-        logits = logits.to(torch.float32)
-        labels = self.labels.to(logits.device)
+        scores, _ = model(self.int_graph, self.int_features, train=False)
+        labels = self.labels.to(scores.device)
         out = {}
         for split in ("val", "test"):
-            idx = self.idx[split].to(logits.device)
-            out[split] = self.metric_fn(logits[idx], labels[idx])
+            idx = self.idx[split].to(scores.device)
+            out[split] = self.metric_fn(_float_scores(scores[idx]), labels[idx])
         return out
+
+
+def _float_scores(scores: torch.Tensor) -> torch.Tensor:
+    """int32 scores as the float metrics take them: float64 holds every int32 exactly, so
+    the argmax (the prediction) is the integers' own, ties included."""
+    return scores.to(torch.float64)

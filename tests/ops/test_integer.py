@@ -124,6 +124,48 @@ def test_quantize_weights_is_the_ceiling_of_w_times_127_over_max(device: str) ->
     assert integer.quantize_weights(constant).cpu().unique().tolist() == [-127]
 
 
+def _row_window(row: list[int]) -> list[int]:
+    """Each row's own window, written out: the lowest shift that brings the row's largest
+    magnitude under 2^7, then ``_requantize``."""
+    top = max((abs(v) for v in row), default=0)
+    shift = max(0, top.bit_length() - 7)
+    return [_requantize(v, shift) for v in row]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [1, 3, 47])
+@pytest.mark.parametrize("spread", [1, 8, 20, 31])
+def test_row_window_gives_each_row_its_own_window(device: str, width: int, spread: int) -> None:
+    rows = 40
+    x = _random_int32(rows * width, seed=width * spread, spread=spread).view(rows, width)
+    x[0] = 0  # a row of zeros stays zero
+    x[1] = -9  # a constant row
+    x[2, 0] = 2**31 - 1  # the largest magnitudes: the top rounds up to 128 and saturates
+    x[3, 0] = -(2**31)
+    x[4] = 127  # fits already: no shift
+    x[5, 0] = 128  # the smallest value that needs one
+    got = integer.row_window(x.to(device)).cpu()
+    assert got.dtype == torch.int8
+    assert got.tolist() == [_row_window(row) for row in x.tolist()]
+    # every row that is not all zeros uses its top bits: its largest magnitude is >= 64
+    tops = got.abs().amax(dim=1)
+    assert bool(((tops >= 64) | (x.abs().amax(dim=1) < 64)).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_window_empty_shapes(device: str) -> None:
+    for shape in [(0, 5), (3, 0), (0, 0)]:
+        got = integer.row_window(torch.zeros(shape, dtype=torch.int32, device=device))
+        assert got.shape == shape and got.dtype == torch.int8
+
+
+def test_row_window_refuses_bad_arguments() -> None:
+    with pytest.raises(TypeError, match=r"row_window: expects an int32 tensor, got torch\.int8"):
+        integer.row_window(torch.ones(2, 3, dtype=torch.int8))
+    with pytest.raises(ValueError, match=r"row_window: x must be a matrix \[rows, C\], got 1"):
+        integer.row_window(torch.ones(3, dtype=torch.int32))
+
+
 def _int8(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)

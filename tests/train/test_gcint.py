@@ -16,6 +16,7 @@ from qtrain._compat import import_dgl
 from qtrain.errors import RecipeError
 from qtrain.models.integer_gcn import (
     BOUNDED_TAIL,
+    LOSSES,
     SOFTMAX_TEMPERATURE,
     IntegerGCN,
     IntegerGraph,
@@ -27,6 +28,7 @@ from qtrain.models.integer_gcn import (
 from qtrain.ops import integer
 from qtrain.recipe import build_recipe
 from qtrain.runner import execute
+from qtrain.train.gcint import _float_scores
 from qtrain.train.progress import Reporter
 
 
@@ -51,8 +53,9 @@ def _step(seed: int, widths: tuple[int, ...] = (24, 16, 5)) -> tuple[Any, ...]:
     x = integer_features(torch.rand(60, widths[0]))
     weights = [torch.randn(a, b) for a, b in itertools.pairwise(widths)]
     model = IntegerGCN(weights, 0.0, 0.0)
-    logits, saved = model(graph, x, train=True)
-    error = mse_error(logits, torch.randint(0, widths[-1], (60,)), torch.arange(0, 60, 2))
+    scores, saved = model(graph, x, train=True)
+    labels = torch.randint(0, widths[-1], (60,))
+    error = mse_error(model.logits(scores), labels, torch.arange(0, 60, 2))
     return graph, model, saved, error
 
 
@@ -263,6 +266,44 @@ def test_the_bounded_quantizer_keeps_the_largest_activations() -> None:
     kept = bounded.flatten()[-40:][torch.argsort(large)]
     assert torch.all(kept[1:] >= kept[:-1])  # still in the order of their sizes
     assert kept.unique().numel() >= 10 and int(kept[0]) < 64  # 2^16 .. 2^18: a 4x spread
+
+
+def test_the_softmax_loss_reads_each_row_of_the_logits_through_its_own_window() -> None:
+    """The MSE reads the logits through the forward's window (the paper's); the softmax
+    error through one window per row, so a row whose scores are small beside the batch's
+    largest keeps its 7 bits and its order (on synthetic-products mini-batches the
+    tensor's window left the median row's largest logit at 17 and 14% of rows tied at
+    the top)."""
+    assert LOSSES["mse"].logit_window == "tensor" and LOSSES["softmax"].logit_window == "row"
+    g = torch.Generator().manual_seed(3)
+    scores = torch.randint(-4000, 4000, (64, 47), generator=g, dtype=torch.int32)
+    scores[0] *= 2**12  # one row far above the rest sets the tensor's window
+    weights = [torch.randn(4, 47)]
+    by_tensor = IntegerGCN(weights, 0.0, 0.0, "dyq-bounded").logits(scores)
+    by_row = IntegerGCN(weights, 0.0, 0.0, "dyq-bounded", logit_window="row").logits(scores)
+    assert torch.equal(by_tensor, integer.dyq(scores, tail=BOUNDED_TAIL)[0])
+    assert torch.equal(by_row, integer.row_window(scores))
+    assert int(by_tensor[1:].abs().max()) <= 1  # the other rows: -1, 0 or 1
+    assert bool((by_row.abs().amax(dim=1) >= 64).all())
+    top = scores.argmax(dim=1, keepdim=True)
+    # the top class stays at the top of its row (tied only within one rounding step) ...
+    assert torch.equal(by_row.gather(1, top), by_row.amax(dim=1, keepdim=True))
+    # ... where the tensor's window ties most rows' top with other classes
+    tied = (by_tensor == by_tensor.amax(dim=1, keepdim=True)).sum(dim=1) > 1
+    assert int(tied[1:].sum()) > 50
+
+
+def test_the_forward_returns_the_int32_scores_its_prediction_is_the_argmax_of() -> None:
+    """Evaluation predicts from the last product's int32 scores, not from int8 logits that
+    a window would tie; float64 carries them to the metrics exactly."""
+    graph = _graph(30, 90, 5)
+    x = integer_features(torch.rand(30, 6, generator=torch.Generator().manual_seed(5)))
+    model = IntegerGCN([torch.randn(6, 8), torch.randn(8, 5)], 0.0, 0.0)
+    scores, _ = model(graph, x)
+    assert scores.dtype == torch.int32 and scores.shape == (30, 5)
+    close = torch.tensor([[2**30, 2**30 + 1, -5]], dtype=torch.int32)
+    assert close.to(torch.float32).argmax() == 0  # float32 ties them
+    assert _float_scores(close).argmax() == 1
 
 
 def test_on_many_classes_the_softmax_error_trains_where_the_mse_does_not(
