@@ -82,6 +82,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "step_peak_bytes": max((r["peak_memory_bytes"] for r in done), default=None),
         "test_acc": statistics.mean(accs) if accs else None,
         "test_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+        "test_accs": accs,  # per seed, in seed order
         "statuses": sorted({r.get("status", "?") for r in runs}),
     }
 
