@@ -49,6 +49,7 @@ from torch import Tensor
 from qtrain.ops import dispatch
 
 INT8_MAX = 127
+INT32_MAX = 2**31 - 1
 WINDOW = 7  # magnitude bits of an int8 (the sign is the eighth)
 MAX_SHIFT = 25  # equation 2: k = 0 .. 25, so the window's top bit is at most 31
 STATIC_SHIFT = 7  # StQ: DyQ with k fixed at 7
@@ -193,21 +194,25 @@ def stq(x: Tensor, backend: str = "auto") -> Tensor:
 def row_window(x: Tensor) -> Tensor:
     """int32 ``[rows, C]`` to int8, each row through its own window: the lowest ``k`` at
     which the row's largest magnitude fits 7 bits (before rounding), rounded to nearest
-    as ``requantize`` rounds, saturated at 127. A row of zeros stays zero.
+    as ``requantize`` rounds, saturated at 127. A row of zeros stays zero; ``-2^31`` is
+    read as ``-(2^31 - 1)`` (its magnitude has no int32).
 
-    Integer operations only (compares, shifts) on ``x``'s device, no host sync; a small
-    tensor (the logits of a batch), so no kernel of its own."""
+    Integer operations only (compares, shifts) on ``x``'s device, no host sync, in int32
+    throughout; a small tensor (the logits of a batch), so no kernel of its own."""
     _check_int("row_window", x, (torch.int32,))
     if x.dim() != 2:
         raise ValueError(f"row_window: x must be a matrix [rows, C], got {x.dim()} dimensions")
-    magnitude = x.to(torch.int64).abs()
+    x = x.clamp(min=-INT32_MAX)
+    magnitude = x.abs()
     top = magnitude.amax(dim=1, keepdim=True) if x.shape[1] else magnitude.sum(1, keepdim=True)
     # k = how many of 2^7, 2^8, ..., 2^31 the row's largest magnitude reaches
     limits = torch.tensor([1 << (WINDOW + j) for j in range(MAX_SHIFT)], device=x.device)
-    shift = (top >= limits).sum(dim=1, keepdim=True)
-    half = torch.bitwise_right_shift(torch.bitwise_left_shift(torch.ones_like(shift), shift), 1)
-    magnitude = torch.bitwise_right_shift(magnitude + half, shift).clamp(max=INT8_MAX)
-    return torch.where(x < 0, -magnitude, magnitude).to(torch.int8)
+    shift = (top.to(torch.int64) >= limits).sum(dim=1, keepdim=True).to(torch.int32)
+    # to nearest without overflow: keep one bit below the window, add it, drop it
+    kept = torch.bitwise_right_shift(magnitude, (shift - 1).clamp(min=0))
+    rounded = torch.where(shift > 0, torch.bitwise_right_shift(kept + 1, 1), kept)
+    small = rounded.clamp_(max=INT8_MAX).to(torch.int8)
+    return torch.where(x < 0, -small, small)
 
 
 def quantize_weights(w: Tensor) -> Tensor:

@@ -127,6 +127,7 @@ def test_quantize_weights_is_the_ceiling_of_w_times_127_over_max(device: str) ->
 def _row_window(row: list[int]) -> list[int]:
     """Each row's own window, written out: the lowest shift that brings the row's largest
     magnitude under 2^7, then ``_requantize``."""
+    row = [max(v, -(2**31 - 1)) for v in row]  # -2^31 is read as -(2^31 - 1)
     top = max((abs(v) for v in row), default=0)
     shift = max(0, top.bit_length() - 7)
     return [_requantize(v, shift) for v in row]
@@ -141,7 +142,7 @@ def test_row_window_gives_each_row_its_own_window(device: str, width: int, sprea
     x[0] = 0  # a row of zeros stays zero
     x[1] = -9  # a constant row
     x[2, 0] = 2**31 - 1  # the largest magnitudes: the top rounds up to 128 and saturates
-    x[3, 0] = -(2**31)
+    x[3, 0] = -(2**31)  # read as -(2^31 - 1): saturates to -127 like its mirror
     x[4] = 127  # fits already: no shift
     x[5, 0] = 128  # the smallest value that needs one
     got = integer.row_window(x.to(device)).cpu()
