@@ -86,6 +86,23 @@ class TrainConfig:
         min=-7,
         max=16,
     )
+    gcint_lr_decay: Literal["auto", "constant", "linear"] = option(
+        "auto",
+        "gcint: the integer SGD step over the run, constant, linear (from the full step to "
+        "zero over epochs x batches: DyQ gives every gradient the same size, so only a "
+        "shrinking step lets many mini-batch steps settle) or auto (linear for mini-batches, "
+        "constant full-graph: what measured best on each)",
+    )
+
+    @property
+    def gcint_step_decay(self) -> Literal["constant", "linear"]:
+        """``gcint_lr_decay`` with ``auto`` resolved by the mode. Measured (3 seeds, 2-core
+        VM, README): mini-batch synthetic-products 75.43 +- 5.44 constant, 85.48 +- 0.15
+        linear; synthetic-arxiv 81.29 / 81.71; full-graph Cora 81.13 / 80.50, Citeseer
+        70.53 / 69.83."""
+        if self.gcint_lr_decay != "auto":
+            return self.gcint_lr_decay
+        return "linear" if self.mode == "minibatch" else "constant"
 
     def validate(self) -> None:
         cores = os.cpu_count() or 1

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from qtrain._compat import import_dgl
+from qtrain.data.base import TRAIN_MASK
 from qtrain.models.integer_gcn import (
     LOSSES,
     IntegerGCN,
@@ -51,6 +52,8 @@ class GcintTrainer(Trainer):
         # the full graph's degrees, which prepare_graph recorded: the block normalisation
         self.full_out, self.full_in = model.deg_out, model.deg_in
         self.loss = LOSSES[config.gcint_loss]
+        # the optimizer (made by the base class, before the splits) schedules its steps
+        self.steps_per_epoch = _steps_per_epoch(graph, config)
         integer_model = IntegerGCN.from_gcn(model, config.gcint_quantizer, self.loss.logit_window)
         super().__init__(integer_model, graph, **kwargs)  # type: ignore[arg-type]
         self.int_features = integer_features(self.feat)
@@ -60,7 +63,13 @@ class GcintTrainer(Trainer):
         self.saved_bytes = 0
 
     def make_optimizer(self) -> IntegerSGD:
-        return IntegerSGD(self.model, self.config.gcint_lr_shift)  # type: ignore[arg-type]
+        config = self.config
+        return IntegerSGD(
+            self.model,  # type: ignore[arg-type]
+            config.gcint_lr_shift,
+            config.gcint_step_decay,
+            total_steps=config.epochs * self.steps_per_epoch,
+        )
 
     def _integer_step(
         self,
@@ -75,7 +84,8 @@ class GcintTrainer(Trainer):
         model: IntegerGCN = self.model  # type: ignore[assignment]
         with self.meter.step(inputs):
             scores, saved = model(graphs, x, train=True)
-            logits = model.logits(scores)
+            # a batch's rows are all read by the loss; the full graph's training rows only
+            logits = model.logits(scores, None if self.minibatch else rows)
             grads = model.backward(graphs, saved, self.loss.error(logits, labels, rows))
             self.optimizer.step(grads)
         self._count_saved(saved)
@@ -128,6 +138,14 @@ class GcintTrainer(Trainer):
             idx = self.idx[split].to(scores.device)
             out[split] = self.metric_fn(_float_scores(scores[idx]), labels[idx])
         return out
+
+
+def _steps_per_epoch(graph: Any, config: Any) -> int:
+    """Integer updates per epoch: one full-graph, else one per batch of training nodes."""
+    if config.mode != "minibatch":
+        return 1
+    train = int(graph.ndata[TRAIN_MASK].sum())
+    return max(-(-train // config.batch_size), 1)
 
 
 def _float_scores(scores: torch.Tensor) -> torch.Tensor:

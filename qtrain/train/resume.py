@@ -85,7 +85,10 @@ def restore(payload: dict[str, Any], trainer: Trainer, state: TrainState, plugin
     """Put the run back where ``payload`` was taken (after the model, the trainer and the
     plugins were built as the run built them)."""
     trainer.model.load_state_dict(payload["model"])
-    trainer.optimizer.load_state_dict(payload["optimizer"])
+    try:
+        trainer.optimizer.load_state_dict(payload["optimizer"])
+    except ValueError as exc:  # a setting the saved optimizer state does not fit
+        raise QtrainError(f"cannot resume: {exc}") from None
     for name, value in payload["train_state"].items():
         setattr(state, name, value)
     steps = payload["dropout_steps"]

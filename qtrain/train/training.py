@@ -89,6 +89,14 @@ def train_prepared(
         "plugin_reports": {},
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if recipe.train.numerics == "gcint":  # what the integer training ran with, auto resolved
+        train = recipe.train
+        summary["gcint"] = {
+            "quantizer": train.gcint_quantizer,
+            "loss": train.gcint_loss,
+            "lr_shift": train.gcint_lr_shift,
+            "lr_decay": train.gcint_step_decay,
+        }
     if resume is not None:
         summary["resumed_from_epoch"] = resume["epoch"]
     run.write_summary(summary)

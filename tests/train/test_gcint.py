@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from qtrain._compat import import_dgl
+from qtrain.data import load_dataset
 from qtrain.errors import RecipeError
 from qtrain.models.integer_gcn import (
     BOUNDED_TAIL,
@@ -28,7 +29,7 @@ from qtrain.models.integer_gcn import (
 from qtrain.ops import integer
 from qtrain.recipe import build_recipe
 from qtrain.runner import execute
-from qtrain.train.gcint import _float_scores
+from qtrain.train.gcint import _float_scores, _steps_per_epoch
 from qtrain.train.progress import Reporter
 
 
@@ -217,6 +218,78 @@ def test_integer_sgd_moves_master_weights_by_the_shifted_gradient() -> None:
         IntegerSGD(model, 3).load_state_dict({"lr_shift": 2})
 
 
+def test_linear_decay_shrinks_the_step_to_zero_over_the_run() -> None:
+    model = IntegerGCN([torch.ones(1, 2)], 0.0, 0.0)
+    sgd = IntegerSGD(model, 0, "linear", total_steps=4)
+    grad = torch.tensor([[127, -127]], dtype=torch.int8)
+    moved = []
+    for _ in range(5):  # one step past the schedule's end moves nothing
+        before = model.master(0).clone()
+        sgd.step([grad])
+        moved.append((before - model.master(0)).tolist()[0])
+    # 127 x 4/4, 3/4 (95.25), 2/4 (63.5: half away from zero), 1/4 (31.75), 0
+    assert moved == [[127, -127], [95, -95], [64, -64], [32, -32], [0, 0]]
+    assert sgd.steps_taken == 5
+    # the full step with a negative shift: 127 / 8 = 15.875 -> 16, then 3/4 of it 11.9 -> 12
+    model = IntegerGCN([torch.ones(1, 2)], 0.0, 0.0)
+    sgd = IntegerSGD(model, -3, "linear", total_steps=4)
+    before = model.master(0).clone()
+    sgd.step([grad])
+    sgd.step([grad])
+    assert (before - model.master(0)).tolist() == [[28, -28]]
+    # the largest shift and gradient stay inside int32
+    model = IntegerGCN([torch.ones(1, 1)], 0.0, 0.0)
+    before = model.master(0).clone()
+    IntegerSGD(model, 16).step([torch.tensor([[-127]], dtype=torch.int8)])
+    assert (model.master(0) - before).item() == 127 << 16
+
+
+def test_integer_sgd_state_resumes_its_schedule_and_refuses_another() -> None:
+    model = IntegerGCN([torch.ones(1, 1)], 0.0, 0.0)
+    sgd = IntegerSGD(model, 2, "linear", total_steps=10)
+    for _ in range(3):
+        sgd.step([torch.zeros(1, 1, dtype=torch.int8)])
+    resumed = IntegerSGD(model, 2, "linear", total_steps=10)
+    resumed.load_state_dict(sgd.state_dict())
+    assert resumed.steps_taken == 3 and resumed.share() == sgd.share() == round(0.7 * 2**16)
+    with pytest.raises(ValueError, match="saved with gcint_lr_decay = 'linear', this one has"):
+        IntegerSGD(model, 2).load_state_dict(sgd.state_dict())
+    with pytest.raises(ValueError, match=r"linear' over updates \(epochs x batches\) = 10, "):
+        IntegerSGD(model, 2, "linear", total_steps=20).load_state_dict(sgd.state_dict())
+    # a constant step does not depend on the run's length; a state from before the
+    # schedule existed (no decay saved) was a constant one
+    constant = IntegerSGD(model, 2, total_steps=20)
+    constant.load_state_dict({"lr_shift": 2})
+    constant.load_state_dict(IntegerSGD(model, 2, total_steps=5).state_dict())
+    assert constant.share() == 1 << 16
+
+
+@pytest.mark.parametrize("mode", ["full", "minibatch"])
+def test_a_run_schedules_one_update_per_step(mode: str) -> None:
+    """The linear step spans epochs x updates per epoch; ``auto`` decays the mini-batch
+    steps only (what measured best on each)."""
+    recipe = build_recipe(
+        {
+            "model": {"name": "gcn", "hidden": 8},
+            "dataset": {"name": "synthetic-small", "nodes": 400},
+            "train": {"mode": mode, "fanouts": [4, 4], "batch_size": 64, "numerics": "gcint"},
+        },
+        "steps",
+    )
+    graph = load_dataset(recipe.dataset.name, recipe.dataset.options).graph
+    train = int(graph.ndata["train_mask"].sum())
+    assert _steps_per_epoch(graph, recipe.train) == (1 if mode == "full" else -(-train // 64))
+    assert mode == "full" or _steps_per_epoch(graph, recipe.train) > 1
+    assert recipe.train.gcint_step_decay == ("constant" if mode == "full" else "linear")
+    for chosen in ("constant", "linear"):
+        raw = {
+            "model": {"name": "gcn"},
+            "dataset": {"name": "synthetic-small"},
+            "train": {"mode": mode, "numerics": "gcint", "gcint_lr_decay": chosen},
+        }
+        assert build_recipe(raw, "chosen").train.gcint_step_decay == chosen
+
+
 def _recipe(tmp_path: Path, **train: Any) -> Any:
     raw = {
         "model": {"name": "gcn", "hidden": 16},
@@ -246,6 +319,12 @@ def test_a_gcint_run_learns_with_integer_products_only(
     assert summary["kernels"]["int_spmm"]["ext-cpu"] >= 60 * 4
     chance = 1 / 4  # synthetic-small: 4 classes
     assert summary["test_acc"] > chance + 0.25
+    assert summary["gcint"] == {
+        "quantizer": quantizer,
+        "loss": loss,
+        "lr_shift": 4,
+        "lr_decay": "constant",  # auto, full-graph
+    }
     assert summary["activation_bytes"] > 0
 
 
@@ -291,6 +370,17 @@ def test_the_softmax_loss_reads_each_row_of_the_logits_through_its_own_window() 
     # ... where the tensor's window ties most rows' top with other classes
     tied = (by_tensor == by_tensor.amax(dim=1, keepdim=True)).sum(dim=1) > 1
     assert int(tied[1:].sum()) > 50
+    # a full-graph step windows only the training rows the loss reads: the same error
+    rows = torch.tensor([3, 0, 17, 63])
+    only = IntegerGCN(weights, 0.0, 0.0, "dyq-bounded", logit_window="row").logits(scores, rows)
+    assert torch.equal(only[rows], by_row[rows])
+    others = torch.ones(64, dtype=torch.bool)
+    others[rows] = False
+    assert not only[others].any()
+    labels = torch.randint(0, 47, (64,), generator=g)
+    assert torch.equal(softmax_error(only, labels, rows), softmax_error(by_row, labels, rows))
+    # the tensor's window is the whole product's, whichever rows are read
+    assert torch.equal(IntegerGCN(weights, 0.0, 0.0, "dyq-bounded").logits(scores, rows), by_tensor)
 
 
 def test_the_forward_returns_the_int32_scores_its_prediction_is_the_argmax_of() -> None:
@@ -364,6 +454,7 @@ def test_a_minibatch_gcint_run_learns_on_sampled_blocks(tmp_path: Path) -> None:
     # 2 SpMMs forward, 1 or 2 backward (a first layer that aggregates first needs no A^T)
     assert kernels["int_spmm"]["ext-cpu"] >= 3 * batches
     assert summary["test_acc"] > 1 / 4 + 0.25
+    assert summary["gcint"]["lr_decay"] == "linear"  # auto, mini-batch
 
 
 @pytest.mark.parametrize(

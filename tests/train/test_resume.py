@@ -64,6 +64,18 @@ CASES = {
         "model": {"name": "sage", "hidden": 8, "dropout": 0.5},
         "train": {"mode": "minibatch", "fanouts": [4, 4], "batch_size": 64},
     },
+    # the integer SGD's schedule continues from the saved step count
+    "gcint-linear": {"train": {"numerics": "gcint", "gcint_lr_decay": "linear"}},
+    "gcint-minibatch-linear": {
+        "train": {
+            "numerics": "gcint",
+            "gcint_lr_decay": "linear",
+            "gcint_lr_shift": -2,
+            "mode": "minibatch",
+            "fanouts": [4, 4],
+            "batch_size": 64,
+        },
+    },
 }
 
 
@@ -90,6 +102,15 @@ def test_a_finished_run_is_extended_to_a_longer_runs_numbers(tmp_path: Path) -> 
     assert _numbers(run_dir) == _numbers(longer["run_dir"])
     assert extended["test_acc"] == longer["test_acc"] and extended["epochs"] == 6
     assert "epochs = 6" in (run_dir / "recipe.toml").read_text()
+
+
+def test_a_linear_gcint_schedule_is_not_extended(tmp_path: Path) -> None:
+    """The linear step falls to zero at the recorded run's end: more epochs would be
+    another schedule, not a continuation."""
+    raw = _raw(tmp_path, 2, train={"numerics": "gcint", "gcint_lr_decay": "linear"})
+    run_dir = Path(execute(build_recipe(raw, "linear"), reporter=Reporter())["run_dir"])
+    with pytest.raises(QtrainError, match=r"cannot resume: .*'linear' over updates .* = 2, "):
+        execute(recipe_of(run_dir, ["train.epochs=4"]), reporter=Reporter(), resume_from=run_dir)
 
 
 def test_what_cannot_resume_is_one_line(tmp_path: Path) -> None:
