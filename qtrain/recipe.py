@@ -49,7 +49,10 @@ class TrainConfig:
     )
     batch_size: int = option(1024, "mini-batch: seed nodes per batch", min=1)
     eval_batch_size: int = option(
-        4096, "mini-batch: nodes per batch in layer-wise evaluation", min=1
+        4096,
+        "mini-batch: nodes per batch in layer-wise evaluation (0: all nodes at once, the "
+        "full-graph forward; much faster where a full-graph forward fits in memory)",
+        min=0,
     )
     device: str = option("cpu", "'cpu', 'cuda', 'cuda:N' or 'auto' (CUDA when torch sees a GPU)")
     graph_kernels: Literal["auto", "qtrain", "dgl"] = option(

@@ -119,6 +119,10 @@ def test_minimal_recipe_fills_defaults() -> None:
         ),
         ({**MINIMAL, "train": {"device": "tpu"}}, r"train: device = 'tpu' is not allowed"),
         ({**MINIMAL, "train": {"fanouts": [5, 0]}}, r"fanouts must be positive or -1"),
+        (
+            {**MINIMAL, "train": {"eval_batch_size": -1}},
+            r"train\.eval_batch_size = -1 is too small; allowed: >= 0",
+        ),
         ({**MINIMAL, "quant": {"plugin": "nope"}}, r"unknown plugin 'nope'; registered: .*'trace'"),
         ({**MINIMAL, "quant": {"plugin": ["trace", "trace"]}}, r"lists a plugin twice"),
         ({**MINIMAL, "quant": {"plugin": 3}}, r"quant\.plugin must be a name or a list of names"),

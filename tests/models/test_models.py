@@ -9,6 +9,7 @@ computes, or mini-batch evaluation would measure a different model.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -82,6 +83,26 @@ def test_layerwise_inference_matches_full_graph(name: str, dataset: NodeDataset)
         full = model(graph, x)
     layerwise = model.inference(graph, x, batch_size=7, device="cpu")
     torch.testing.assert_close(layerwise, full, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", MINIBATCH_MODELS)
+@pytest.mark.parametrize("batch_size", [0, NODES, NODES + 1])
+def test_inference_at_once_is_the_full_graph_forward_without_sampling(
+    name: str, batch_size: int, dataset: NodeDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``eval_batch_size = 0`` (or one batch holding every node): no block is sampled."""
+    model = make(name, dataset).eval()
+    graph = model.prepare_graph(dataset.graph)
+    x = graph.ndata["feat"]
+    with torch.no_grad():
+        full = model(graph, x)
+
+    def no_sampling(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("inference sampled blocks")
+
+    monkeypatch.setattr(dgl.dataloading, "DataLoader", no_sampling)
+    at_once = model.inference(graph, x, batch_size=batch_size, device="cpu")
+    torch.testing.assert_close(at_once, full)
 
 
 @pytest.mark.parametrize("fanout", [-1, 3])  # all neighbours; sampled (in-edges dropped)
