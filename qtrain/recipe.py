@@ -100,7 +100,7 @@ class TrainConfig:
     @property
     def gcint_step_decay(self) -> Literal["constant", "linear"]:
         """``gcint_lr_decay`` with ``auto`` resolved by the mode. Measured (3 seeds, 2-core
-        VM, README): mini-batch synthetic-products 75.43 +- 5.44 constant, 85.48 +- 0.15
+        VM, README): mini-batch synthetic-products 75.43 +- 5.44 constant, 85.48 +- 0.16
         linear; synthetic-arxiv 81.29 / 81.71; full-graph Cora 81.13 / 80.50, Citeseer
         70.53 / 69.83."""
         if self.gcint_lr_decay != "auto":

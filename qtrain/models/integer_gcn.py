@@ -41,7 +41,7 @@ Choices the paper leaves open, and why:
   constant step keeps the weights moving as much late in training as early: on
   synthetic-products mini-batches (2 epochs, 3 seeds) validation swung between 64% and
   82% from one probe to the next and the test accuracy was 75.43 +- 5.44; decaying, 85.48
-  +- 0.15 (synthetic-arxiv 81.29 to 81.71). Full-graph, where 200 steps are few, the
+  +- 0.16 (synthetic-arxiv 81.29 to 81.71). Full-graph, where 200 steps are few, the
   constant step measured better (Cora 81.13 against 80.50, Citeseer 70.53 against 69.83).
 * No bias (equation 1 has none); ``GraphConv``'s float bias is left out.
 * Dropout zeroes inputs without rescaling the kept ones: the next product's output is
