@@ -483,11 +483,7 @@ class IntegerSGD:
         share, shift = self.share(), STEP_BITS - self.lr_shift
         for i, grad in enumerate(grads):
             scaled = grad.to(torch.int32) * share
-            if shift <= 0:
-                update = scaled << -shift
-            else:  # the magnitude rounded to nearest at bit ``shift``, the sign kept
-                magnitude = (scaled.abs() + (1 << (shift - 1))) >> shift
-                update = torch.where(scaled < 0, -magnitude, magnitude)
+            update = scaled << -shift if shift < 0 else integer.divide_pow2(scaled, shift)
             self.model.master(i).sub_(update).clamp_(-_MASTER_LIMIT, _MASTER_LIMIT)
         self.steps_taken += 1
 

@@ -109,14 +109,20 @@ def window_shift(hist: Tensor, tail: int | None = None) -> Tensor:
     return torch.argmax(fits.to(torch.int64))  # the first k that fits (k = 25 always does)
 
 
+def divide_pow2(x: Tensor, shift: int) -> Tensor:
+    """``x / 2^shift`` in ``x``'s integer dtype: the magnitude rounded to nearest at bit
+    ``shift`` (halves away from zero), the sign kept; the rounding every window here uses.
+    The caller leaves the magnitude one bit of headroom (the half added before the shift)."""
+    if shift <= 0:
+        return x
+    magnitude = (x.abs() + (1 << (shift - 1))) >> shift
+    return torch.where(x < 0, -magnitude, magnitude)
+
+
 def reference_requantize(x: Tensor, shift: int) -> Tensor:
     """int32 ``x`` to int8 through the window ``[shift, shift + 6]``: the magnitude
     rounded to nearest at bit ``shift``, saturated at 127, the sign kept."""
-    magnitude = x.to(torch.int64).abs()
-    if shift > 0:
-        magnitude = (magnitude + (1 << (shift - 1))) >> shift
-    magnitude = magnitude.clamp(max=INT8_MAX)
-    return torch.where(x < 0, -magnitude, magnitude).to(torch.int8)
+    return divide_pow2(x.to(torch.int64), shift).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
 
 
 def reference_dyq(x: Tensor, tail: int | None = None) -> tuple[Tensor, Tensor]:

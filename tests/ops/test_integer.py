@@ -87,6 +87,17 @@ def test_requantize_rounds_saturates_and_keeps_the_sign(device: str, shift: int)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_divide_pow2_rounds_halves_away_from_zero_without_saturating(device: str) -> None:
+    x = torch.tensor([0, 1, 2, 3, -1, -2, -3, 5, -5, 127 * 2**16], dtype=torch.int32)
+    halved = integer.divide_pow2(x.to(device), 1)
+    assert halved.dtype == torch.int32
+    assert halved.cpu().tolist() == [0, 1, 1, 2, -1, -1, -2, 3, -3, 127 * 2**15]
+    assert integer.divide_pow2(x.to(device), 0).cpu().tolist() == x.tolist()
+    # 127 * 2^16 / 2^12 = 2032, far past int8: nothing saturates
+    assert int(integer.divide_pow2(x, 12)[-1]) == 2032
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dyq_and_stq_are_requantize_at_their_windows(device: str) -> None:
     x = _random_int32(64, 7, spread=18).view(8, 8).to(device)
     for backend in ("reference", "auto"):
