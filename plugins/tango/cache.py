@@ -10,6 +10,10 @@ strides and offset, at the same version counter (every in-place write,
 including the optimizer's update and ``.data`` assignment through
 ``copy_``, bumps it), and with the same quantization settings. Anything else
 is a miss and is quantized afresh.
+
+Each quantization is named to the activation meter as a copy of its source
+(:func:`qtrain.train.activations.note_copy`): the int8 node features, made once
+and kept for the run, then count as the features do, not as a saved activation.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from qtrain.train.activations import note_copy
 
 Quantized = tuple[torch.Tensor, torch.Tensor]  # (q int8, scale float32 0-d)
 
@@ -77,6 +83,8 @@ class QuantCache:
                 self.hits += 1
                 return entry.value
         value = quantize(x)
+        for part in value:
+            note_copy(part, x)
         with self._lock:
             self.misses += 1
             self._entries[key] = _Entry(

@@ -55,16 +55,24 @@ def _saved(
     tensors: tuple[torch.Tensor, ...],
     quantized: tuple[tuple[torch.Tensor, torch.Tensor], ...],
     extra: tuple[torch.Tensor | None, ...] = (),
+    needed: tuple[bool, ...] | None = None,
 ) -> None:
     """Save for backward the quantized operands (cache on) or the float ones (cache off), then ``extra``.
 
+    ``needed[i]`` False saves nothing for operand i (its slot holds None): backward
+    will not read it, and keeping it would make tango save more than float32 does
+    (a copy_u SpMM's input, a first layer's weight when the features need no gradient).
     Everything goes through ``save_for_backward``, so saved-tensor hooks (the
     activation-memory meter, the ``exact`` plugin) see what tango keeps.
     """
     ctx.policy = policy
     ctx.n_operands = len(tensors)
     ctx.keeps_quantized = policy.cache is not None
-    kept = [t for pair in quantized for t in pair] if ctx.keeps_quantized else list(tensors)
+    keep = needed if needed is not None else (True,) * len(tensors)
+    if ctx.keeps_quantized:
+        kept = [t if k else None for pair, k in zip(quantized, keep, strict=True) for t in pair]
+    else:
+        kept = [t if k else None for t, k in zip(tensors, keep, strict=True)]
     ctx.save_for_backward(*kept, *extra)
 
 
@@ -80,10 +88,11 @@ def _operands(ctx: Any, stored: list[Any]) -> list[tuple[torch.Tensor, torch.Ten
     policy: QuantPolicy = ctx.policy
     if ctx.keeps_quantized:
         pairs = [(stored[i], stored[i + 1]) for i in range(0, len(stored), 2)]
-        for _ in pairs:
-            policy.note_reuse()
+        for q, _ in pairs:
+            if q is not None:
+                policy.note_reuse()
         return pairs
-    return [policy.fresh(t) for t in stored]
+    return [(None, None) if t is None else policy.fresh(t) for t in stored]
 
 
 def _restored(ctx: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -94,7 +103,10 @@ def _floats(ctx: Any) -> list[torch.Tensor]:
     """The saved operands in float32: dequantized (cache on) or as saved (cache off)."""
     stored = _unpacked(ctx)[0]
     if ctx.keeps_quantized:
-        return [dequantize(stored[i], stored[i + 1]) for i in range(0, len(stored), 2)]
+        return [
+            None if stored[i] is None else dequantize(stored[i], stored[i + 1])
+            for i in range(0, len(stored), 2)
+        ]
     return stored
 
 
@@ -133,7 +145,8 @@ class QuantLinear(torch.autograd.Function):
         qx, sx = _operand(policy, x)
         qw, sw = _operand(policy, w)
         out = int8_gemm(qx, qw, sx, sw, "nt" if linear else "nn", bias, policy.backend)
-        _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)))
+        needs = ctx.needs_input_grad  # (policy, x, w, bias, linear): dX reads w, dW reads x
+        _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), needed=(needs[2], needs[1]))
         ctx.linear = linear
         ctx.has_bias = bias is not None
         return out
@@ -203,7 +216,8 @@ class QuantSegmentMM(torch.autograd.Function):
         qx, sx = _operand(policy, x)
         qw, sw = _operand(policy, w)
         out = int8_segment_gemm(qx, qw, offsets, sx, sw, "nn", policy.backend)
-        _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), (offsets,))
+        needs = ctx.needs_input_grad  # (policy, x, w, offsets): dX reads w, dW reads x
+        _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), (offsets,), needed=(needs[2], needs[1]))
         return out
 
     @staticmethod
@@ -266,7 +280,16 @@ class QuantSpMM(torch.autograd.Function):
         )
         ctx.csr = csr
         ctx.w_shape = None if w is None else w.shape
-        _saved(ctx, policy, (x,), ((qx, sx),), (None if w is None else w.detach(),))
+        # only the weight's gradient reads x (dX is the transposed aggregation of the gradient)
+        x_needed = w is not None and ctx.needs_input_grad[3]
+        _saved(
+            ctx,
+            policy,
+            (x,),
+            ((qx, sx),),
+            (None if w is None else w.detach(),),
+            needed=(x_needed,),
+        )
         return out
 
     @staticmethod
@@ -366,7 +389,17 @@ class QuantSDDMM(torch.autograd.Function):
         lhs_index, rhs_index = (csr.src, csr.dst) if lhs_is_src else (csr.dst, csr.src)
         out = qsddmm(op, qx, sx, lhs_index, qy, sy, rhs_index, policy.backend)
         ctx.csr, ctx.op, ctx.lhs_is_src = csr, op, lhs_is_src
-        _saved(ctx, policy, (x, y), ((qx, sx), (qy, sy)))
+        # add / sub backward sums the gradient per node and reads neither operand;
+        # dot / mul: x's gradient reads y and y's reads x
+        needs = ctx.needs_input_grad  # (policy, csr, op, x, y, lhs_is_src)
+        products = op in ("dot", "mul")
+        _saved(
+            ctx,
+            policy,
+            (x, y),
+            ((qx, sx), (qy, sy)),
+            needed=(products and needs[4], products and needs[3]),
+        )
         return out
 
     @staticmethod

@@ -40,6 +40,8 @@ def plugin_facts(profile: Profile) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     if profile.activation_bytes is not None:
         facts["activation_bytes"] = profile.activation_bytes
+    if profile.input_copy_bytes:
+        facts["input_copy_bytes"] = profile.input_copy_bytes
     for name, report in profile.plugin_reports.items():
         if not isinstance(report, dict):
             continue

@@ -60,6 +60,7 @@ class Profile:
     epochs: int
     kernels: dict[str, dict[str, int]]
     activation_bytes: int | None
+    input_copy_bytes: int | None  # plugins' run-long copies of inputs / weights autograd saved
     plugin_reports: dict[str, Any] = field(default_factory=dict)
     other_ops: list[tuple[str, float]] = field(default_factory=list)  # (operator, ms / epoch)
 
@@ -206,6 +207,7 @@ def profile_recipe(
         epochs=attributed.epochs,
         kernels=dispatch.snapshot(),
         activation_bytes=meter.get("activation_bytes"),
+        input_copy_bytes=meter.get("input_copy_bytes"),
         plugin_reports=reports,
         other_ops=top_other(attributed),
     )

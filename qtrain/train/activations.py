@@ -7,7 +7,10 @@ save it) or, when a codec (the ``exact`` plugin) replaced it by a compressed
 form, the bytes of that form. The model's parameters and the step's inputs
 (features, labels, graph data) exist whether or not autograd saves them, so
 they are passed by reference and not counted, as EXACT's accounting does
-(exact-iclr22 appendix H). A saved tensor stops counting when autograd frees
+(exact-iclr22 appendix H). Neither is a copy a plugin keeps of one of them for
+the whole run (tango's int8 node features, quantized once per run, or a
+weight's, kept until the optimizer changes it): plugins name such copies with
+:func:`note_copy`, and their bytes are reported as ``input_copy_bytes``. A saved tensor stops counting when autograd frees
 it after its backward. ``activation_bytes`` is the highest total reached in a
 step; ``peak_memory_bytes`` is the process's peak resident memory during the
 step (Linux resets the high-water mark per step through
@@ -23,6 +26,7 @@ import contextlib
 import re
 import resource
 import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
@@ -69,6 +73,38 @@ def installed_codec(codec: SavedTensorCodec) -> Iterator[None]:
 
 def current_codec() -> SavedTensorCodec | None:
     return _codec[0] if _codec else None
+
+
+# storage key of a copy -> (the copy, held weakly; the storage key of what it copies)
+_copies: dict[int, tuple[weakref.ReferenceType[torch.Tensor], int]] = {}
+
+
+def note_copy(copy: torch.Tensor, source: torch.Tensor) -> None:
+    """Record that ``copy`` is computed from ``source`` alone and kept as long as it is.
+
+    Saved for backward, a copy of a step input or a parameter counts as that
+    input does (not an activation) and goes to ``input_copy_bytes``; a copy of
+    anything else counts as usual. The record dies with the copy.
+    """
+    key, source_key = storage_key(copy), storage_key(source)
+    if key is None or source_key is None:
+        return
+
+    def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
+        entry = _copies.get(key)
+        if entry is not None and entry[0] is ref:
+            del _copies[key]
+
+    _copies[key] = (weakref.ref(copy, forget), source_key)
+
+
+def copied_from(key: int) -> int | None:
+    """The storage key of what the live tensor stored at ``key`` copies (None if not a copy)."""
+    entry = _copies.get(key)
+    if entry is None:
+        return None
+    copy = entry[0]()
+    return entry[1] if copy is not None and storage_key(copy) == key else None
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -136,11 +172,13 @@ class ActivationMeter:
         self.device = device
         self._param_keys = {k for p in params if (k := storage_key(p)) is not None}
         self._input_keys: set[int] = set()
+        self._step_copies: dict[int, int] = {}  # storage key -> bytes, this step
         self._live: dict[tuple[str, int], list[int]] = {}  # key -> [holders, bytes]
         self._current = 0
         self._step_peak = 0
         self._codec: SavedTensorCodec | None = None
         self.activation_bytes = 0  # highest step peak so far
+        self.input_copy_bytes = 0  # most bytes of input / parameter copies one step saved
         self.peak_memory_bytes = 0
         self.steps = 0
         self.peak_memory_source = (
@@ -155,6 +193,7 @@ class ActivationMeter:
         self._input_keys = {k for t in inputs if (k := storage_key(t)) is not None}
         self._input_keys |= self._param_keys
         self._step_peak = self._current
+        self._step_copies = {}
         self._codec = current_codec()
         if self._codec is not None:
             self._codec.begin_step()
@@ -168,11 +207,13 @@ class ActivationMeter:
             self._codec = None
             self.steps += 1
             self.activation_bytes = max(self.activation_bytes, self._step_peak)
+            self.input_copy_bytes = max(self.input_copy_bytes, sum(self._step_copies.values()))
             self.peak_memory_bytes = max(self.peak_memory_bytes, self._end_peak())
 
     def summary(self) -> dict[str, Any]:
         return {
             "activation_bytes": self.activation_bytes,
+            "input_copy_bytes": self.input_copy_bytes,
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_memory_source": self.peak_memory_source,
         }
@@ -195,6 +236,9 @@ class ActivationMeter:
     def _pack(self, t: torch.Tensor) -> Any:
         key = storage_key(t)
         if key is None or key in self._input_keys:
+            return t
+        if copied_from(key) in self._input_keys:
+            self._step_copies[key] = t.untyped_storage().nbytes()
             return t
         if self._codec is not None:
             stored = self._codec.encode(t)

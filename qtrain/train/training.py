@@ -177,7 +177,12 @@ def train_prepared(
         summary.update(
             trainer.meter.summary()
             if trainer is not None
-            else {"activation_bytes": None, "peak_memory_bytes": None, "peak_memory_source": None}
+            else {
+                "activation_bytes": None,
+                "input_copy_bytes": None,
+                "peak_memory_bytes": None,
+                "peak_memory_source": None,
+            }
         )
         summary["process_peak_memory_bytes"], _ = peak_memory(device)
         summary["kernels"] = dispatch.snapshot()

@@ -19,7 +19,13 @@ from qtrain.plugins.exact.compressed import (
 )
 
 from qtrain.ops import masks
-from qtrain.train.activations import ActivationMeter, installed_codec
+from qtrain.train.activations import (
+    ActivationMeter,
+    copied_from,
+    installed_codec,
+    note_copy,
+    storage_key,
+)
 
 # ------------------------------------------------------------------ masks
 
@@ -188,6 +194,45 @@ def test_meter_counts_an_uncounted_input_when_not_declared() -> None:
     with meter.step([]):
         model(x).sum().backward()
     assert meter.activation_bytes == 200 * 32 * 4 + 200 * 16 * 4
+
+
+class _SavesItsCopy(torch.autograd.Function):
+    """x @ w, saving a noted copy of x (as tango saves its int8 features) instead of x."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, copy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(copy)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, torch.Tensor]:  # type: ignore[override]
+        (copy,) = ctx.saved_tensors
+        return None, None, copy.t() @ grad
+
+
+def test_meter_counts_a_noted_copy_of_an_input_apart_and_of_an_activation_as_usual() -> None:
+    w = torch.randn(16, 4, requires_grad=True)
+    x = torch.randn(200, 16)
+    meter = ActivationMeter([w], torch.device("cpu"))
+    copy_of_input = x.clone()
+    note_copy(copy_of_input, x)
+    with meter.step([x]):
+        _SavesItsCopy.apply(x, copy_of_input, w).sum().backward()
+    assert meter.activation_bytes == 0 and meter.input_copy_bytes == 200 * 16 * 4
+    assert meter.summary()["input_copy_bytes"] == 200 * 16 * 4
+
+    hidden = x * 2.0  # not a step input: its copy is an activation
+    copy_of_hidden = hidden.clone()
+    note_copy(copy_of_hidden, hidden)
+    meter = ActivationMeter([w], torch.device("cpu"))
+    with meter.step([x]):
+        _SavesItsCopy.apply(hidden, copy_of_hidden, w).sum().backward()
+    assert meter.activation_bytes == 200 * 16 * 4 and meter.input_copy_bytes == 0
+
+    key = storage_key(copy_of_input)
+    assert copied_from(key) == storage_key(x)
+    del copy_of_input
+    assert copied_from(key) is None  # the record died with the copy
 
 
 def test_meter_with_codec_counts_the_compressed_bytes_and_grads_stay_close() -> None:
