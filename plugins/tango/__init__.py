@@ -18,6 +18,7 @@ in and trains with the chosen count.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from typing import Any, Literal
 import torch
 from qtrain.plugins.tango.cache import QuantCache
 from qtrain.plugins.tango.calibrate import DEFAULT_TARGET, calibrate_model
+from qtrain.plugins.tango.dropout import TABLE as DROPOUT_FUNCTIONS
+from qtrain.plugins.tango.dropout import FusedDropout
 from qtrain.plugins.tango.functions import (
     QuantEdgeToNode,
     QuantSDDMM,
@@ -38,7 +41,7 @@ from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 from qtrain.config import option
 from qtrain.errors import PluginError
-from qtrain.ops import dispatch
+from qtrain.ops import dispatch, masks
 from qtrain.ops.graph import graph_csr
 from qtrain.ops.typed import RowsByType, offsets_from_lengths
 from qtrain.plugin import (
@@ -77,6 +80,12 @@ class TangoConfig:
     )
     fp32_before_softmax: bool = option(
         True, "keep the model's output layer (it feeds the softmax) in float32"
+    )
+    packed_dropout: bool = option(
+        True,
+        "dropout in one fused pass saving a 1-bit mask: qtrain's node-keyed dropout keeps "
+        "its masks; torch's (nn.Dropout, DGL's feat_drop / attn_drop) draws them from "
+        "qtrain's counter-based generator instead of torch's",
     )
     error_x_target: float = option(
         DEFAULT_TARGET, 'Error_X target for bits = "auto" (tango eq. 4)', min=1e-6, max=10.0
@@ -121,7 +130,10 @@ class TangoPlugin(Plugin):
         self.fp32 = _Fp32Region()
         self.output_layer_kept = False  # fp32_before_softmax found a layer to keep in FP32
         self._hooks: list[Any] = []
+        self._stack = contextlib.ExitStack()
         self.fallbacks: dict[str, int] = {}
+        self.keyed_dropout_calls = 0
+        self.dropout = FusedDropout(context.seed, config.backend)
 
     # ------------------------------------------------------------ activation
 
@@ -147,8 +159,15 @@ class TangoPlugin(Plugin):
         patcher.wrap("segment_mm", self._patched_segment_mm)
         patcher.wrap("gather_mm", self._patched_gather_mm)
         patcher.dense(self._on_dense)
+        if cfg.packed_dropout:
+            self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
+            patcher.functions(DROPOUT_FUNCTIONS, self.dropout.handle)
+
+    def _count_keyed_dropout(self) -> None:
+        self.keyed_dropout_calls += 1
 
     def deactivate(self) -> None:
+        self._stack.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -372,13 +391,17 @@ class TangoPlugin(Plugin):
     # ------------------------------------------------------------ resume
 
     def state_dict(self) -> dict[str, Any]:
-        """The stochastic-rounding stream's position (the cache is not kept: operands it
-        held across epochs are quantized again after a resume)."""
-        return {"offset": self.policy._offset if self.policy is not None else 0}
+        """The stochastic-rounding stream's position and the dropout calls drawn (the cache
+        is not kept: operands it held across epochs are quantized again after a resume)."""
+        return {
+            "offset": self.policy._offset if self.policy is not None else 0,
+            "dropout_calls": self.dropout.calls,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.policy is not None:
             self.policy._offset = int(state["offset"])
+        self.dropout.calls = int(state.get("dropout_calls", 0))  # absent before it existed
 
     # ------------------------------------------------------------ report
 
@@ -391,6 +414,11 @@ class TangoPlugin(Plugin):
             # what was done, not what was asked: a user's loop may name no output layer
             "fp32_before_softmax": self.output_layer_kept,
             "fp32_calls": dict(sorted(self.fallbacks.items())),
+            # dropout calls run fused with a 1-bit mask: qtrain's node-keyed ones, torch's
+            "packed_dropout_calls": {
+                "keyed": self.keyed_dropout_calls,
+                "torch": self.dropout.calls,
+            },
         }
         if self.config.fp32_before_softmax and not self.output_layer_kept:
             out["fp32_before_softmax_skipped"] = (

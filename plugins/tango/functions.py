@@ -341,7 +341,7 @@ class QuantEdgeToNode(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, policy: QuantPolicy, csr: GraphCSR, e: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        q, s = policy.fresh(e)
+        q, s = policy.fresh(e, policy.constant(e))
         ctx.csr = csr
         return qspmm(csr.in_indptr, csr.in_eids, q, s, backend=policy.backend)
 

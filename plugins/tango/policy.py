@@ -18,6 +18,8 @@ from qtrain.plugins.tango.cache import QuantCache, Quantized
 
 from qtrain.ops.quantize import quantize
 
+_CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
+
 
 class NonFiniteOperand(ValueError):
     """An operand holds NaN or Inf, which the quantizer refuses: the primitive runs in
@@ -53,14 +55,34 @@ class QuantPolicy:
         a residual), and each branch's quantized backward then reads one quantization
         instead of making its own. The cache holds tensors weakly, so no gradient outlives
         its backward."""
-        return self.cached(grad)
+        return self._through_cache(grad, constant=False)
 
-    def fresh(self, x: torch.Tensor) -> Quantized:
-        """Quantize x now (anything that is used once)."""
-        offset = self._take(x.numel()) if self.rounding == "stochastic" else 0
+    @staticmethod
+    def constant(x: torch.Tensor) -> bool:
+        """True for a forward operand that takes no part in the gradient being recorded:
+        a step input (the node features, or what the model computes from them alone),
+        or anything of an evaluation (no gradient recorded)."""
+        return not (torch.is_grad_enabled() and x.requires_grad)
+
+    def fresh(self, x: torch.Tensor, constant: bool = False) -> Quantized:
+        """Quantize x now (anything that is used once).
+
+        Stochastic rounding draws from the stream, except for a ``constant``
+        (:meth:`constant`): that draws from a seed of its own at counter 0, so its
+        quantization depends on its values only, not on how many tensors were
+        quantized before it, and an evaluation leaves the stream where it was. The
+        cache keeps the node features across steps and an evaluation's weights until
+        the optimizer changes them; after a resume they are quantized again and must
+        come out as they did."""
+        seed, offset = self.seed, 0
+        if self.rounding == "stochastic":
+            if constant:
+                seed = (self.seed * _CONSTANT_MIX + x.numel()) % 2**64
+            else:
+                offset = self._take(x.numel())
         try:
             return quantize(
-                x, self.bits, self.rounding, seed=self.seed, offset=offset, backend=self.backend
+                x, self.bits, self.rounding, seed=seed, offset=offset, backend=self.backend
             )
         except ValueError:
             # checked only once the quantizer has refused x: no extra pass when x is finite
@@ -69,10 +91,16 @@ class QuantPolicy:
             raise NonFiniteOperand("operand holds NaN or Inf") from None
 
     def cached(self, x: torch.Tensor) -> Quantized:
-        """Quantize x, reusing an earlier quantization of the same unchanged tensor if cached."""
+        """Quantize a forward operand, reusing an earlier quantization of the same unchanged
+        tensor if cached (a constant's and a stream draw's are kept apart: a weight an
+        evaluation quantized is not what the next training step draws)."""
+        return self._through_cache(x, constant=self.constant(x))
+
+    def _through_cache(self, x: torch.Tensor, constant: bool) -> Quantized:
         if self.cache is None:
-            return self.fresh(x)
-        return self.cache.get_or_quantize(x, (self.bits, self.rounding, self.seed), self.fresh)
+            return self.fresh(x, constant)
+        settings = (self.bits, self.rounding, self.seed, constant)
+        return self.cache.get_or_quantize(x, settings, lambda t: self.fresh(t, constant))
 
     def fp32(self, primitive: str, why: str) -> None:
         """Report that a part of ``primitive`` ran in float32 (see ``on_fp32``)."""

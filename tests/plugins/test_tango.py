@@ -150,9 +150,9 @@ def test_a_gradient_shared_by_two_products_is_quantized_once(
     made: list[tuple[int, ...]] = []
     real = QuantPolicy.fresh
 
-    def fresh(self: QuantPolicy, x: torch.Tensor) -> Any:
+    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False) -> Any:
         made.append(tuple(x.shape))
-        return real(self, x)
+        return real(self, x, constant)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
     torch.manual_seed(0)
@@ -254,10 +254,10 @@ def refused_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     gradient holding NaN / Inf: each backward must then run in float32."""
     real = QuantPolicy.fresh
 
-    def fresh(self: QuantPolicy, x: torch.Tensor) -> Any:
+    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False) -> Any:
         if inside_kernel():
             raise NonFiniteOperand("operand holds NaN or Inf")
-        return real(self, x)
+        return real(self, x, constant)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
 
