@@ -13,14 +13,15 @@ bf16 measured in the same process, and the quartiles of the per-round ratios
 against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
 
     python bench/epoch.py --threads 2 --json bench/results/epoch.json
-    QTRAIN_DATA_DIR=../shared/datasets python bench/epoch.py --models cora-gcn cora-gat \
-        cora-sage citeseer-gcn citeseer-gat citeseer-sage --repeat 40 --warmup 5
+    python bench/epoch.py --threads 2 --models cora-gcn cora-gat cora-sage citeseer-gcn \
+        citeseer-gat citeseer-sage   # Planetoid from ../shared/datasets or --planetoid-root
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import sys
@@ -38,13 +39,11 @@ from qtrain.train.loop import Trainer
 from qtrain.train.prepare import prepared
 
 ROOT = Path(__file__).resolve().parents[1]
-# the synthetic-arxiv recipes, and the small graphs issue 29 holds to "never slower"
-# (Planetoid: QTRAIN_DATA_DIR must hold or fetch them)
-MODELS = {
-    "gcn": "arxiv-gcn",
-    "gat": "arxiv-gat",
-    **{f"{d}-{m}": f"{d}-{m}" for d in ("cora", "citeseer") for m in ("gcn", "gat", "sage")},
-}
+# the synthetic-arxiv recipes, and the small graphs tango must never be slower on
+SMALL = [f"{d}-{m}" for d in ("cora", "citeseer") for m in ("gcn", "gat", "sage")]
+MODELS = {"gcn": "arxiv-gcn", "gat": "arxiv-gat", **{key: key for key in SMALL}}
+# where the Planetoid files are looked for unless --planetoid-root says otherwise
+SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 
 
 def _session(name: str, model: Any, bits: int, seed: int) -> Any:
@@ -70,7 +69,12 @@ def _entered(session: Any) -> Iterator[None]:
 
 
 def bench_model(
-    key: str, variants: list[str], bits: int, warmup: int, repeat: int
+    key: str,
+    variants: list[str],
+    bits: int,
+    warmup: int,
+    repeat: int,
+    planetoid_root: Path | None = None,
 ) -> dict[str, Any]:
     """Every variant's epochs, interleaved: one epoch each per round, the order rotated.
 
@@ -79,14 +83,24 @@ def bench_model(
     unpatched; leaving it drops tango's cache, so each tango epoch quantizes the node
     features again, which a run (one session throughout) does once.
     """
-    recipe = load_recipe(ROOT / "examples" / f"{MODELS[key]}.toml", [])
+    root = (
+        [f"dataset.root={json.dumps(str(planetoid_root))}"]
+        if key in SMALL and planetoid_root
+        else []
+    )
+    recipe = load_recipe(ROOT / "examples" / f"{MODELS[key]}.toml", root)
+    from qtrain.errors import DatasetError
     from qtrain.ops import dispatch
 
     rows: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         epochs, sessions, kernels = {}, {}, {}
         for name in variants:
-            dataset, graph, model, device = stack.enter_context(prepared(recipe))
+            try:
+                dataset, graph, model, device = stack.enter_context(prepared(recipe))
+            except DatasetError as exc:  # Planetoid files absent: say so, time the rest
+                print(f"  {key}: no dataset ({exc})", flush=True)
+                return {"error": f"dataset: {exc}"}
             trainer = Trainer(
                 model, graph, metric=dataset.metric, config=recipe.train, device=device
             )
@@ -155,6 +169,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument(
+        "--small-warmup", type=int, default=5, help="--warmup for the Cora / Citeseer recipes"
+    )
+    parser.add_argument(
+        "--small-repeat", type=int, default=30, help="--repeat for the Cora / Citeseer recipes"
+    )
+    parser.add_argument(
+        "--planetoid-root",
+        type=Path,
+        default=SHARED_DATASETS if (SHARED_DATASETS / "planetoid").is_dir() else None,
+        help="folder holding planetoid/ (default: ../shared/datasets where it exists, "
+        "else $QTRAIN_DATA_DIR)",
+    )
+    parser.add_argument(
         "--variants",
         nargs="+",
         default=["fp32", "bf16-autocast", "tango"],
@@ -172,8 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"epoch benchmark, {args.threads} threads, tango at {args.bits} bits", flush=True)
     for key in args.models:
+        small = key in SMALL
         results["models"][key] = bench_model(
-            key, args.variants, args.bits, args.warmup, args.repeat
+            key,
+            args.variants,
+            args.bits,
+            args.small_warmup if small else args.warmup,
+            args.small_repeat if small else args.repeat,
+            args.planetoid_root,
         )
     print()
     print(
@@ -181,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'rounds IQR':>13} {'vs bf16':>8}"
     )
     for key, rows in results["models"].items():
+        if "error" in rows:
+            print(f"{key:13} {rows['error'][:80]}")
+            continue
         for name, row in rows.items():
             if "error" in row:
                 print(f"{key:13} {name:14} {'n/a':>9} {'':>7}  {row['error'][:60]}")

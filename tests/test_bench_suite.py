@@ -589,3 +589,31 @@ def test_hector_rows_per_preset_and_the_geomean_bar(suite: Any) -> None:
     assert top["ratio"] == pytest.approx(1.2) and top["pass"] is True
     assert top["bar"] == "faster (geo-mean > 1x)"
     assert top["baseline_what"] == "the same layer under the hector plugin alone"
+
+
+def test_epoch_bars_and_a_missing_dataset(suite: Any) -> None:
+    raw = {
+        "models": {
+            **EPOCH["models"],
+            "cora-gcn": {
+                "fp32": {"median_s": 0.010, "times_s": [0.010, 0.011]},
+                "tango": {
+                    "median_s": 0.011,
+                    "times_s": [0.011, 0.010],
+                    "speedup_vs_fp32_iqr": [0.93, 1.08],
+                },
+            },
+            "citeseer-gat": {"error": "dataset: the folder /x/planetoid/citeseer does not exist"},
+        }
+    }
+    cases = suite.cases_epoch(raw)
+    gcn = _find(cases, "epoch", "GCN 3 x 256", "DGL FP32", "median")
+    assert gcn["bar"] == "tango epoch vs DGL FP32 >= 1.5x" and gcn["pass"] is True  # 2.0x
+    gat = _find(cases, "epoch", "GAT 3 layers", "DGL FP32", "median")
+    assert gat["bar"] == "tango epoch vs DGL FP32 >= 2x" and gat["pass"] is True
+    cora = _find(cases, "epoch", "GCN on Cora", "DGL FP32", "median")
+    assert cora["pass"] is False and "per-round ratios 0.93-1.08x" in cora["note"]
+    citeseer = _find(cases, "epoch", "GAT on Citeseer", "DGL FP32", "median")
+    assert citeseer["ratio"] is None and "does not exist" in citeseer["note"]
+    table = suite.render_table(cases)
+    assert "bar: tango epoch vs DGL FP32 >= 1x: FAIL" in table

@@ -37,6 +37,8 @@ from qtrain.plugins.tango.functions import (
     inside_kernel,
     quant_linear,
 )
+from qtrain.plugins.tango.lineage import TABLE as ROW_SCALE_FUNCTIONS
+from qtrain.plugins.tango.lineage import RowScaled
 from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 from qtrain.config import option
@@ -134,6 +136,7 @@ class TangoPlugin(Plugin):
         self.fallbacks: dict[str, int] = {}
         self.keyed_dropout_calls = 0
         self.dropout = FusedDropout(context.seed, config.backend)
+        self.row_scaled = RowScaled()
 
     # ------------------------------------------------------------ activation
 
@@ -159,6 +162,8 @@ class TangoPlugin(Plugin):
         patcher.wrap("segment_mm", self._patched_segment_mm)
         patcher.wrap("gather_mm", self._patched_gather_mm)
         patcher.dense(self._on_dense)
+        if cfg.cache:  # without the cache, X would be quantized afresh anyway
+            patcher.functions(ROW_SCALE_FUNCTIONS, self.row_scaled.on_mul)
         if cfg.packed_dropout:
             self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
             patcher.functions(DROPOUT_FUNCTIONS, self.dropout.handle)
@@ -383,7 +388,14 @@ class TangoPlugin(Plugin):
         policy = self.policy
         assert policy is not None
         try:
-            return quant_linear(policy, x, w, bias, linear=linear)
+            scaled = self.row_scaled.source(x) if x.dim() == 2 else None
+            if scaled is None:
+                return quant_linear(policy, x, w, bias, linear=linear)
+            # (r * X) @ W = r * (X @ W): X's int8 copy is cached for the run
+            unscaled, rows = scaled
+            self.row_scaled.used += 1
+            out = quant_linear(policy, unscaled, w, None, linear=linear) * rows
+            return out if bias is None else out + bias
         except NonFiniteOperand:
             self._fallback("gemm", NON_FINITE)
             return func(*args, **kwargs)
@@ -415,6 +427,8 @@ class TangoPlugin(Plugin):
             "fp32_before_softmax": self.output_layer_kept,
             "fp32_calls": dict(sorted(self.fallbacks.items())),
             # dropout calls run fused with a 1-bit mask: qtrain's node-keyed ones, torch's
+            # dense products that took a row-scaled input unscaled (its int8 copy cached)
+            "row_scaled_inputs": self.row_scaled.used,
             "packed_dropout_calls": {
                 "keyed": self.keyed_dropout_calls,
                 "torch": self.dropout.calls,

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import torch
 from qtrain.plugins.tango.cache import QuantCache
+from qtrain.plugins.tango.dropout import FusedDropout
 from qtrain.plugins.tango.functions import inside_kernel, quant_linear
+from qtrain.plugins.tango.lineage import RowScaled
 from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 import qtrain
@@ -558,3 +560,133 @@ def test_calibrate_cli_json(tmp_path: Path) -> None:
     assert result["error_x"][str(chosen)] <= 0.4 or chosen == 8
     if chosen > 2:
         assert result["error_x"][str(chosen - 1)] > 0.4
+
+
+# ------------------------------------------------------------------ fused dropout
+
+
+@pytest.mark.parametrize("shape", [(300, 40), (500, 4, 1), (7, 3)])
+def test_fused_dropout_keeps_one_minus_p_scaled_and_backward_uses_the_same_mask(
+    shape: tuple[int, ...],
+) -> None:
+    p = 0.6
+    x = (torch.rand(shape) + 0.5).requires_grad_(True)  # no zeros: a zero output is a drop
+    dropout = FusedDropout(seed=3, backend="auto")
+    y = dropout.handle("dropout", torch.nn.functional.dropout, (x, p), {"training": True})
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] / (1 - p))
+    if x.numel() >= 1000:
+        assert abs(kept.float().mean().item() - (1 - p)) < 0.05
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, kept.float() / (1 - p))
+    assert dropout.calls == 1
+
+
+def test_fused_dropout_draws_each_call_anew_and_repeats_from_the_same_position() -> None:
+    x = torch.ones(200, 16)
+    first, second = FusedDropout(0, "auto"), FusedDropout(0, "auto")
+    args = (x, 0.5)
+    a = first.handle("dropout", torch.nn.functional.dropout, args, {})
+    b = first.handle("dropout", torch.nn.functional.dropout, args, {})
+    assert not torch.equal(a, b)
+    assert torch.equal(second.handle("dropout", torch.nn.functional.dropout, args, {}), a)
+    second.calls = 1  # a resumed run restores the count
+    assert torch.equal(second.handle("dropout", torch.nn.functional.dropout, args, {}), b)
+    other_seed = FusedDropout(1, "auto").handle("dropout", torch.nn.functional.dropout, args, {})
+    assert not torch.equal(other_seed, a)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((0.5,), {"training": False}),  # evaluation
+        ((0.0,), {}),
+        ((1.0,), {}),  # torch's own: everything dropped
+        ((0.5,), {"inplace": True}),
+    ],
+    ids=["eval", "p0", "p1", "inplace"],
+)
+def test_fused_dropout_leaves_other_calls_to_torch(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    seen: list[Any] = []
+
+    def torch_dropout(*a: Any, **k: Any) -> str:
+        seen.append((a, k))
+        return "torch"
+
+    dropout = FusedDropout(0, "auto")
+    assert dropout.handle("dropout", torch_dropout, (torch.ones(4, 3), *args), kwargs) == "torch"
+    half = torch.ones(4, 3, dtype=torch.float16)
+    assert dropout.handle("dropout", torch_dropout, (half, 0.5), {}) == "torch"
+    assert dropout.calls == 0 and len(seen) == 2
+
+
+def test_dgl_gat_dropout_runs_fused_under_tango_and_as_torch_without() -> None:
+    g = _graph()
+    conv = GATConv(12, 4, num_heads=2, feat_drop=0.5, attn_drop=0.5).train()
+    x = torch.randn(g.num_nodes(), 12)
+    with qtrain.patch("tango") as session:
+        conv(g, x).sum().backward()
+        calls = session.report()["tango"]["packed_dropout_calls"]
+    assert calls == {"keyed": 0, "torch": 2}  # feat_drop and attn_drop
+    with qtrain.patch("tango", packed_dropout=False) as session:
+        conv(g, x).sum().backward()
+        assert session.report()["tango"]["packed_dropout_calls"] == {"keyed": 0, "torch": 0}
+
+
+# ------------------------------------------------------------------ row-scaled inputs
+
+
+def test_graphconv_quantizes_its_normalised_input_once_and_matches_the_scaled_product() -> None:
+    """GraphConv(norm="both") multiplies the features by deg^-1/2 before its weight (input
+    wider than output): tango multiplies the features themselves, whose int8 copy the
+    cache keeps, and scales the product's rows; forward and the weight's gradient stay
+    those of float32 to 8-bit accuracy."""
+    g = _graph(60, 300)
+    conv = GraphConv(48, 6, norm="both", allow_zero_in_degree=True)
+    x = torch.rand(g.num_nodes(), 48)
+    ref = conv(g, x)
+    ref.square().sum().backward()
+    ref_grad = conv.weight.grad.clone()
+    conv.weight.grad = None
+    made: list[tuple[int, ...]] = []
+    with qtrain.patch("tango", rounding="nearest") as session:
+        policy = session.plugins[0].policy
+        real = policy.fresh
+
+        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+            made.append(tuple(t.shape))
+            return real(t, constant)
+
+        policy.fresh = fresh  # type: ignore[method-assign]
+        for _ in range(3):
+            out = conv(g, x)
+            out.square().sum().backward()
+        report = session.report()["tango"]
+    assert report["row_scaled_inputs"] == 3
+    assert made.count((60, 48)) == 1  # the features: quantized once, then cached
+    assert _rel(out, ref) < 0.02
+    assert _rel(conv.weight.grad / 3, ref_grad) < 0.03
+
+
+def test_a_row_scaled_input_written_to_is_not_taken_unscaled() -> None:
+    scaled = RowScaled()
+    x, r = torch.rand(5, 4), torch.rand(5, 1)
+    y = scaled.on_mul("mul", torch.Tensor.__mul__, (x, r), {})
+    source = scaled.source(y)
+    assert source is not None and source[0] is x and source[1] is r
+    w = scaled.on_mul("mul", torch.mul, (r, x), {})  # either order
+    assert scaled.source(w) == (x, r) and len(scaled) == 2
+    del w
+    assert len(scaled) == 1
+    y.add_(1.0)
+    assert scaled.source(y) is None  # changed since: its values are no longer r * X
+    z = scaled.on_mul("mul", torch.Tensor.__mul__, (x, r), {})
+    x.mul_(2.0)
+    assert scaled.source(z) is None
+    # not a per-row column, or a gradient to record: not remembered
+    for a, b in [(x, torch.rand(4)), (x, torch.rand(5, 4)), (x.requires_grad_(True), r)]:
+        assert scaled.source(scaled.on_mul("mul", torch.mul, (a, b), {})) is None
+    del y, z
+    assert len(scaled) == 0  # records die with their products

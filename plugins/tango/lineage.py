@@ -1,0 +1,86 @@
+"""Inputs scaled per row, remembered so that tango quantizes the unscaled input once per run.
+
+DGL's ``GraphConv(norm="both")`` multiplies its input by ``deg^-1/2`` row by row
+before the weight (when the input is wider than the output): ``(r * X) @ W``.
+``r * X`` is a new tensor every step, so the int8 cache never sees it twice, and
+on Cora or Citeseer quantizing those 2,708 x 1,433 or 3,327 x 3,703 values each
+step costs as much as the float32 product. Since ``(r * X) @ W = r * (X @ W)``,
+tango remembers which tensors are a column ``r [rows, 1]`` times a 2-d ``X``
+(neither needing a gradient) and, when one reaches a dense product, multiplies
+``X``, whose quantization the cache keeps for the run, and scales the product's
+rows. The weight's gradient is then ``X^T (r * dY)``: autograd derives it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+# the product functions whose result may be a row-scaled tensor
+TABLE: dict[Any, str] = {
+    torch.mul: "mul",
+    torch.Tensor.mul: "mul",
+    torch.Tensor.__mul__: "mul",
+    torch.Tensor.__rmul__: "mul",
+}
+
+
+def _row_scale(x: Any, r: Any) -> bool:
+    """``x * r`` scales the rows of a 2-d ``x`` by ``r [rows, 1]``, neither needing a gradient."""
+    return (
+        isinstance(x, torch.Tensor)
+        and isinstance(r, torch.Tensor)
+        and x.dim() == 2
+        and r.shape == (x.shape[0], 1)
+        and x.dtype == r.dtype == torch.float32
+        and x.device == r.device
+        and not x.requires_grad
+        and not r.requires_grad
+    )
+
+
+class RowScaled:
+    """Remembers ``r * X`` products (weakly: a record dies with the product)."""
+
+    def __init__(self) -> None:
+        # id(product) -> (product held weakly, X held weakly, r, versions of the three)
+        self._records: dict[int, tuple[Any, Any, torch.Tensor, tuple[int, int, int]]] = {}
+        self.used = 0  # dense products that took X and scaled their rows
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def on_mul(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = func(*args, **kwargs)
+        if kwargs or len(args) != 2 or not isinstance(out, torch.Tensor):
+            return out
+        a, b = args
+        for x, r in ((a, b), (b, a)):
+            if _row_scale(x, r) and out.shape == x.shape:
+                self._remember(out, x, r)
+                break
+        return out
+
+    def _remember(self, out: torch.Tensor, x: torch.Tensor, r: torch.Tensor) -> None:
+        key = id(out)
+
+        def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
+            record = self._records.get(key)
+            if record is not None and record[0] is ref:
+                del self._records[key]
+
+        versions = (out._version, x._version, r._version)
+        self._records[key] = (weakref.ref(out, forget), weakref.ref(x), r, versions)
+
+    def source(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(X, r)`` when ``y`` is a remembered ``r * X`` and none of the three was written
+        to since; else None."""
+        record = self._records.get(id(y))
+        if record is None or record[0]() is not y:
+            return None
+        x, r = record[1](), record[2]
+        if x is None or (y._version, x._version, r._version) != record[3]:
+            return None
+        return x, r
