@@ -80,8 +80,8 @@ def bench_model(
 
     Each variant has its own model (same seed) and trainer. tango's patch session is
     entered around each of its epochs and left after, so the other variants run
-    unpatched; leaving it drops tango's cache, so each tango epoch quantizes the node
-    features again, which a run (one session throughout) does once.
+    unpatched; entered again, it goes on as one session would (its cache keeps the
+    int8 node features, quantized once, as in a run).
     """
     root = (
         [f"dataset.root={json.dumps(str(planetoid_root))}"]

@@ -142,18 +142,19 @@ class TangoPlugin(Plugin):
 
     def activate(self, patcher: Patcher) -> None:
         cfg = self.config
-        bits = cfg.bits
-        if bits == "auto":
-            self.calibration = self._calibrate()
-            bits = self.calibration.bits
-        self.policy = QuantPolicy(
-            bits=int(bits),
-            rounding=cfg.rounding,
-            seed=self.context.seed,
-            cache=QuantCache() if cfg.cache else None,
-            backend=cfg.backend,
-            on_fp32=self._fallback,
-        )
+        if self.policy is None:  # a session entered again goes on where it stopped
+            bits = cfg.bits
+            if bits == "auto":
+                self.calibration = self._calibrate()
+                bits = self.calibration.bits
+            self.policy = QuantPolicy(
+                bits=int(bits),
+                rounding=cfg.rounding,
+                seed=self.context.seed,
+                cache=QuantCache() if cfg.cache else None,
+                backend=cfg.backend,
+                on_fp32=self._fallback,
+            )
         if cfg.fp32_before_softmax:
             self._hook_output_layer()
         patcher.wrap("gspmm", self._patched_gspmm)
@@ -176,8 +177,8 @@ class TangoPlugin(Plugin):
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
-        if self.policy is not None and self.policy.cache is not None:
-            self.policy.cache.clear()
+        # the policy stays, cache included (its entries die with their tensors): entered
+        # again, the session continues its stream, its bit count and its int8 features
 
     def _calibrate(self) -> Calibration:
         model, dataset = self.context.model, self.context.dataset

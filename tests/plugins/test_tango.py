@@ -690,3 +690,29 @@ def test_a_row_scaled_input_written_to_is_not_taken_unscaled() -> None:
         assert scaled.source(scaled.on_mul("mul", torch.mul, (a, b), {})) is None
     del y, z
     assert len(scaled) == 0  # records die with their products
+
+
+def test_a_session_entered_again_keeps_its_stream_and_its_int8_features() -> None:
+    g = _graph(60, 300)
+    conv = SAGEConv(48, 6, "mean")
+    x = torch.rand(g.num_nodes(), 48)
+    session = qtrain.patch("tango")
+    with session:
+        plugin = session.plugins[0]
+        policy = plugin.policy
+        real = policy.fresh
+        made: list[tuple[int, ...]] = []
+
+        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+            made.append(tuple(t.shape))
+            return real(t, constant)
+
+        policy.fresh = fresh  # type: ignore[method-assign]
+        conv(g, x).sum().backward()
+    offset = policy._offset
+    assert offset > 0  # the gradients drew from the stream
+    with session:
+        assert plugin.policy is policy and policy._offset == offset
+        conv(g, x).sum().backward()
+    assert made.count((60, 48)) == 1  # the features: quantized in the first step only
+    assert policy._offset > offset
