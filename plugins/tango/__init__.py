@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from qtrain.plugins.tango.cache import QuantCache
 from qtrain.plugins.tango.calibrate import DEFAULT_TARGET, calibrate_model
-from qtrain.plugins.tango.dropout import TABLE as DROPOUT_FUNCTIONS
 from qtrain.plugins.tango.dropout import FusedDropout
 from qtrain.plugins.tango.functions import (
     QuantEdgeToNode,
@@ -47,6 +47,7 @@ from qtrain.ops import dispatch, masks
 from qtrain.ops.graph import graph_csr
 from qtrain.ops.typed import RowsByType, offsets_from_lengths
 from qtrain.plugin import (
+    DENSE_FUNCTIONS,
     Calibration,
     Patcher,
     Plugin,
@@ -162,12 +163,16 @@ class TangoPlugin(Plugin):
         patcher.wrap("edge_softmax", self._fp32_counted("edge_softmax"))
         patcher.wrap("segment_mm", self._patched_segment_mm)
         patcher.wrap("gather_mm", self._patched_gather_mm)
-        patcher.dense(self._on_dense)
-        if cfg.cache:  # without the cache, X would be quantized afresh anyway
-            patcher.functions(ROW_SCALE_FUNCTIONS, self.row_scaled.on_mul)
+        # one function mode for the dense products and, with the cache (without it X
+        # would be quantized afresh anyway), the row scalings: every torch call of the
+        # step passes through each mode, in Python, which costs on graphs like Cora
+        functions = {**DENSE_FUNCTIONS, **(ROW_SCALE_FUNCTIONS if cfg.cache else {})}
+        patcher.functions(functions, self._on_function)
         if cfg.packed_dropout:
             self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
-            patcher.functions(DROPOUT_FUNCTIONS, self.dropout.handle)
+            # torch's dropout is replaced where it is looked up (nn.Dropout calls
+            # F.dropout), not through a function mode: nothing else pays for it
+            patcher.replace(F.dropout, self.dropout.function(F.dropout))
 
     def _count_keyed_dropout(self) -> None:
         self.keyed_dropout_calls += 1
@@ -371,6 +376,13 @@ class TangoPlugin(Plugin):
         return gather_mm
 
     # ------------------------------------------------------------ dense
+
+    def _on_function(
+        self, kind: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if kind == "mul":
+            return self.row_scaled.on_mul(kind, func, args, kwargs)
+        return self._on_dense(kind, func, args, kwargs)
 
     def _on_dense(
         self, kind: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]

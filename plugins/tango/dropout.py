@@ -17,14 +17,12 @@ keeps its masks; it only switches to the packed path
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from qtrain.ops import masks
-
-TABLE: dict[Any, str] = {F.dropout: "dropout"}
 
 _MIX = 0xD1B54A32D192ED03  # odd 64-bit constants: spread (seed, call) over the seed space
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -41,6 +39,15 @@ class FusedDropout:
         self.key = (int(seed) + 1) * _MIX % 2**64
         self.backend = backend
         self.calls = 0  # calls drawn so far: the stream's position (saved with a checkpoint)
+
+    def function(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A stand-in for ``F.dropout`` (``original``) that runs :meth:`handle`."""
+
+        def dropout(*args: Any, **kwargs: Any) -> Any:
+            return self.handle("dropout", original, args, kwargs)
+
+        dropout.__wrapped__ = original  # type: ignore[attr-defined]
+        return dropout
 
     def handle(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         x = _arg(args, kwargs, 0, "input", None)
