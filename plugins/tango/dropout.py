@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from qtrain.ops import masks
+from qtrain.quant.rng import op_seed
 
 _MIX = 0xD1B54A32D192ED03  # odd 64-bit constants: spread (seed, call) over the seed space
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -66,4 +67,5 @@ class FusedDropout:
         seed = (self.key + self.calls * _GOLDEN) % 2**64
         self.calls += 1
         rows = torch.arange(x.shape[0], device=x.device)
-        return masks.KeyedDropout.apply(x, rows, p, seed, self.backend)
+        # signed: torch.profiler(record_shapes=True) cannot record an int of 2^63 or more
+        return masks.KeyedDropout.apply(x, rows, p, op_seed(seed), self.backend)

@@ -187,7 +187,9 @@ def keyed_dropout(
     if _PACKED_DROPOUT:
         for on_call in _PACKED_DROPOUT:
             on_call()
-        return KeyedDropout.apply(x, ids, float(p), int(seed), backend)
+        # the seed as a signed int64: torch.profiler(record_shapes=True) records the
+        # arguments of an autograd function and cannot hold an int of 2^63 or more
+        return KeyedDropout.apply(x, ids, float(p), op_seed(int(seed)), backend)
     width = x[0].numel() if x.shape[0] else 0
     packed = keep_mask(ids.to(device=x.device, dtype=torch.int64), width, p, seed, backend)
     kept = compress.unpack_mask(packed, x.numel(), backend).reshape(x.shape)

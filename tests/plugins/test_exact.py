@@ -470,3 +470,17 @@ def test_equal_graph_constants_in_a_step_share_one_storage() -> None:
         z = degrees.pow(-0.5) * y
         z.sum().backward()
     assert meter.activation_bytes == 3000 * 4  # one stored norm, not two
+
+
+def test_keyed_dropout_with_a_seed_past_2_63_runs_under_a_profiler_recording_shapes() -> None:
+    """torch.profiler(record_shapes=True) records an autograd function's arguments; an int
+    of 2^63 or more made it raise inside a user's profiled step."""
+    x = torch.rand(50, 8, requires_grad=True)
+    ids = torch.arange(50)
+    seed = 2**63 + 5
+    with masks.packed_dropout_masks(lambda: None):
+        plain = masks.keyed_dropout(x, ids, 0.5, seed)
+        with torch.profiler.profile(record_shapes=True):
+            profiled = masks.keyed_dropout(x, ids, 0.5, seed)
+            profiled.sum().backward()
+    assert torch.equal(plain, profiled)
