@@ -43,7 +43,7 @@ from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 
 from qtrain.config import option
 from qtrain.errors import PluginError
-from qtrain.ops import dispatch, masks
+from qtrain.ops import compress, dispatch, masks
 from qtrain.ops.graph import graph_csr
 from qtrain.ops.typed import RowsByType, offsets_from_lengths
 from qtrain.plugin import (
@@ -136,7 +136,8 @@ class TangoPlugin(Plugin):
         self._stack = contextlib.ExitStack()
         self.fallbacks: dict[str, int] = {}
         self.keyed_dropout_calls = 0
-        self.dropout = FusedDropout(context.seed, config.backend)
+        self.dropout = FusedDropout(context.seed, config.backend, self._dropped_input)
+        self.dropped_inputs = 0  # dropout outputs whose int8 came from the cached input's
         self.row_scaled = RowScaled()
 
     # ------------------------------------------------------------ activation
@@ -176,6 +177,23 @@ class TangoPlugin(Plugin):
 
     def _count_keyed_dropout(self) -> None:
         self.keyed_dropout_calls += 1
+
+    def _dropped_input(
+        self, x: torch.Tensor, out: torch.Tensor, packed: torch.Tensor, p: float
+    ) -> None:
+        """Dropout of a step input (GAT's features): the output's int8 is the input's,
+        quantized once per run, times the mask, with the scale over (1 - p). Exact for
+        the same per-tensor scale: q(x) * mask * s / (1 - p) = q(x * mask / (1 - p))."""
+        policy = self.policy
+        if policy is None or policy.cache is None or not x.is_leaf or not policy.constant(x):
+            return
+        try:
+            qx, sx = policy.cached(x)
+        except NonFiniteOperand:
+            return  # the product that reads out goes float32 on its own
+        kept = compress.unpack_mask(packed, x.numel(), self.config.backend).view(x.shape)
+        policy.store(out, (qx * kept, sx / (1.0 - p)))
+        self.dropped_inputs += 1
 
     def deactivate(self) -> None:
         self._stack.close()
@@ -442,6 +460,8 @@ class TangoPlugin(Plugin):
             # dropout calls run fused with a 1-bit mask: qtrain's node-keyed ones, torch's
             # dense products that took a row-scaled input unscaled (its int8 copy cached)
             "row_scaled_inputs": self.row_scaled.used,
+            # dropped-out step inputs whose int8 came from the input's cached copy
+            "dropped_inputs": self.dropped_inputs,
             "packed_dropout_calls": {
                 "keyed": self.keyed_dropout_calls,
                 "torch": self.dropout.calls,

@@ -92,6 +92,15 @@ class QuantCache:
             )
         return value
 
+    def put(self, x: torch.Tensor, settings: tuple[object, ...], value: Quantized) -> None:
+        """Store ``value`` as the quantization of ``x`` under ``settings``: one the caller
+        derived from another entry (dropout of the int8 features), not from ``x``'s values."""
+        key = id(x)
+        with self._lock:
+            self._entries[key] = _Entry(
+                weakref.ref(x, self._forget_callback(key)), _fingerprint(x), settings, value
+            )
+
     def _forget_callback(self, key: int) -> Callable[[weakref.ReferenceType[torch.Tensor]], None]:
         def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
             with self._lock:

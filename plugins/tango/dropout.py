@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from qtrain.ops import masks
-from qtrain.quant.rng import op_seed
 
 _MIX = 0xD1B54A32D192ED03  # odd 64-bit constants: spread (seed, call) over the seed space
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -33,12 +32,17 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, d
     return args[index] if len(args) > index else kwargs.get(name, default)
 
 
+# told (input, output, packed keep-mask, p) after each fused call
+OnDropped = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], None]
+
+
 class FusedDropout:
     """``F.dropout`` calls in training mode, each from its own counter stream; counts them."""
 
-    def __init__(self, seed: int, backend: str) -> None:
+    def __init__(self, seed: int, backend: str, on_dropped: OnDropped | None = None) -> None:
         self.key = (int(seed) + 1) * _MIX % 2**64
         self.backend = backend
+        self.on_dropped = on_dropped
         self.calls = 0  # calls drawn so far: the stream's position (saved with a checkpoint)
 
     def function(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,5 +71,8 @@ class FusedDropout:
         seed = (self.key + self.calls * _GOLDEN) % 2**64
         self.calls += 1
         rows = torch.arange(x.shape[0], device=x.device)
-        # signed: torch.profiler(record_shapes=True) cannot record an int of 2^63 or more
-        return masks.KeyedDropout.apply(x, rows, p, op_seed(seed), self.backend)
+        packed = masks.keep_mask(rows, x[0].numel(), p, seed, self.backend)
+        out = masks.PackedMaskDropout.apply(x, packed, 1.0 / (1.0 - p), self.backend)
+        if self.on_dropped is not None:
+            self.on_dropped(x, out, packed, p)
+        return out

@@ -102,6 +102,12 @@ class QuantPolicy:
         settings = (self.bits, self.rounding, self.seed, constant)
         return self.cache.get_or_quantize(x, settings, lambda t: self.fresh(t, constant))
 
+    def store(self, x: torch.Tensor, value: Quantized) -> None:
+        """Cache ``value`` as the forward operand ``x``'s quantization (with the cache on)."""
+        if self.cache is not None:
+            settings = (self.bits, self.rounding, self.seed, self.constant(x))
+            self.cache.put(x, settings, value)
+
     def fp32(self, primitive: str, why: str) -> None:
         """Report that a part of ``primitive`` ran in float32 (see ``on_fp32``)."""
         if self.on_fp32 is not None:

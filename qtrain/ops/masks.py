@@ -124,18 +124,15 @@ def keep_mask(
         return torch.ops.qtrain.keep_mask_rows(ids, width, threshold, op_seed(seed))
 
 
-class KeyedDropout(torch.autograd.Function):
-    """Inverted dropout whose mask is :func:`keep_mask` of the rows' global ids, saving
-    only the packed mask (1 bit per element); forward and backward are the same masked
-    scale. :func:`keyed_dropout` uses it under :func:`packed_dropout_masks`."""
+class PackedMaskDropout(torch.autograd.Function):
+    """Inverted dropout with a packed (1 bit per element) keep-mask the caller drew
+    (:func:`keep_mask`): forward and backward are the same masked scale, and only the
+    mask is saved. :func:`keyed_dropout` uses it under :func:`packed_dropout_masks`."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, ids: torch.Tensor, p: float, seed: int, backend: str
+        ctx: Any, x: torch.Tensor, packed: torch.Tensor, scale: float, backend: str
     ) -> torch.Tensor:  # type: ignore[override]
-        width = x[0].numel() if x.shape[0] else 0
-        packed = keep_mask(ids.to(device=x.device, dtype=torch.int64), width, p, seed, backend)
-        scale = 1.0 / (1.0 - p)
         ctx.save_for_backward(packed)
         ctx.scale, ctx.backend = scale, backend
         return _masked_scale(x, packed, scale, backend)
@@ -143,7 +140,7 @@ class KeyedDropout(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         (packed,) = ctx.saved_tensors
-        return _masked_scale(grad, packed, ctx.scale, ctx.backend), None, None, None, None
+        return _masked_scale(grad, packed, ctx.scale, ctx.backend), None, None, None
 
 
 def _masked_scale(
@@ -184,14 +181,12 @@ def keyed_dropout(
         return x * 0.0
     if p <= 0.0:
         return x
+    width = x[0].numel() if x.shape[0] else 0
+    packed = keep_mask(ids.to(device=x.device, dtype=torch.int64), width, p, seed, backend)
     if _PACKED_DROPOUT:
         for on_call in _PACKED_DROPOUT:
             on_call()
-        # the seed as a signed int64: torch.profiler(record_shapes=True) records the
-        # arguments of an autograd function and cannot hold an int of 2^63 or more
-        return KeyedDropout.apply(x, ids, float(p), op_seed(int(seed)), backend)
-    width = x[0].numel() if x.shape[0] else 0
-    packed = keep_mask(ids.to(device=x.device, dtype=torch.int64), width, p, seed, backend)
+        return PackedMaskDropout.apply(x, packed, 1.0 / (1.0 - p), backend)
     kept = compress.unpack_mask(packed, x.numel(), backend).reshape(x.shape)
     scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)
     # x * mask with a float mask, saved for backward as torch's dropout saves it

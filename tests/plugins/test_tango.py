@@ -716,3 +716,38 @@ def test_a_session_entered_again_keeps_its_stream_and_its_int8_features() -> Non
         conv(g, x).sum().backward()
     assert made.count((60, 48)) == 1  # the features: quantized in the first step only
     assert policy._offset > offset
+
+
+def test_dropped_out_features_take_their_int8_from_the_features_quantized_once() -> None:
+    """GAT's feat_drop makes a new tensor every step; its int8 is the features' (quantized
+    once per run) times the mask, with the scale over 1 - p, and dequantizes to it."""
+    g = _graph(60, 300)
+    conv = GATConv(48, 4, num_heads=2, feat_drop=0.5).train()
+    x = torch.rand(g.num_nodes(), 48)
+    made: list[tuple[int, ...]] = []
+    with qtrain.patch("tango", rounding="nearest") as session:
+        plugin = session.plugins[0]
+        policy = plugin.policy
+        real = policy.fresh
+
+        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+            made.append(tuple(t.shape))
+            return real(t, constant)
+
+        policy.fresh = fresh  # type: ignore[method-assign]
+        for _ in range(3):
+            conv(g, x).sum().backward()
+        dropped = torch.nn.functional.dropout(x, 0.5)  # the same path, kept to look at
+        q, s = policy.cached(dropped)
+    assert made.count((60, 48)) == 1  # the features, once; never a dropped-out copy
+    assert session.report()["tango"]["dropped_inputs"] == 4
+    assert bool((q[dropped == 0] == 0).all())  # what dropout zeroed is 0 in the int8 too
+    assert _rel(q.float() * s, dropped) < 0.01
+
+
+def test_dropout_of_an_activation_is_quantized_as_before() -> None:
+    """Only a step input (a leaf without gradient) takes the features' int8."""
+    with qtrain.patch("tango") as session:
+        h = torch.rand(30, 8, requires_grad=True) * 2.0
+        torch.nn.functional.dropout(h, 0.5)
+        assert session.report()["tango"]["dropped_inputs"] == 0
