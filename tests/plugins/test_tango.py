@@ -638,6 +638,19 @@ def test_dgl_gat_dropout_runs_fused_under_tango_and_as_torch_without() -> None:
 # ------------------------------------------------------------------ row-scaled inputs
 
 
+def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[int, ...]]:
+    """The shapes ``policy`` quantizes from now on (cache misses and one-off quantizations)."""
+    made: list[tuple[int, ...]] = []
+    real = policy.fresh
+
+    def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+        made.append(tuple(t.shape))
+        return real(t, constant)
+
+    policy.fresh = fresh  # type: ignore[method-assign]
+    return made
+
+
 def test_graphconv_quantizes_its_normalised_input_once_and_matches_the_scaled_product() -> None:
     """GraphConv(norm="both") multiplies the features by deg^-1/2 before its weight (input
     wider than output): tango multiplies the features themselves, whose int8 copy the
@@ -650,16 +663,8 @@ def test_graphconv_quantizes_its_normalised_input_once_and_matches_the_scaled_pr
     ref.square().sum().backward()
     ref_grad = conv.weight.grad.clone()
     conv.weight.grad = None
-    made: list[tuple[int, ...]] = []
     with qtrain.patch("tango", rounding="nearest") as session:
-        policy = session.plugins[0].policy
-        real = policy.fresh
-
-        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
-            made.append(tuple(t.shape))
-            return real(t, constant)
-
-        policy.fresh = fresh  # type: ignore[method-assign]
+        made = _count_quantized_shapes(session.plugins[0].policy)
         for _ in range(3):
             out = conv(g, x)
             out.square().sum().backward()
@@ -700,14 +705,7 @@ def test_a_session_entered_again_keeps_its_stream_and_its_int8_features() -> Non
     with session:
         plugin = session.plugins[0]
         policy = plugin.policy
-        real = policy.fresh
-        made: list[tuple[int, ...]] = []
-
-        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
-            made.append(tuple(t.shape))
-            return real(t, constant)
-
-        policy.fresh = fresh  # type: ignore[method-assign]
+        made = _count_quantized_shapes(policy)
         conv(g, x).sum().backward()
     offset = policy._offset
     assert offset > 0  # the gradients drew from the stream
@@ -724,17 +722,9 @@ def test_dropped_out_features_take_their_int8_from_the_features_quantized_once()
     g = _graph(60, 300)
     conv = GATConv(48, 4, num_heads=2, feat_drop=0.5).train()
     x = torch.rand(g.num_nodes(), 48)
-    made: list[tuple[int, ...]] = []
     with qtrain.patch("tango", rounding="nearest") as session:
-        plugin = session.plugins[0]
-        policy = plugin.policy
-        real = policy.fresh
-
-        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
-            made.append(tuple(t.shape))
-            return real(t, constant)
-
-        policy.fresh = fresh  # type: ignore[method-assign]
+        policy = session.plugins[0].policy
+        made = _count_quantized_shapes(policy)
         for _ in range(3):
             conv(g, x).sum().backward()
         dropped = torch.nn.functional.dropout(x, 0.5)  # the same path, kept to look at
