@@ -49,12 +49,13 @@ class FusedDropout:
         """A stand-in for ``F.dropout`` (``original``) that runs :meth:`handle`."""
 
         def dropout(*args: Any, **kwargs: Any) -> Any:
-            return self.handle("dropout", original, args, kwargs)
+            return self.handle(original, args, kwargs)
 
         dropout.__wrapped__ = original  # type: ignore[attr-defined]
         return dropout
 
-    def handle(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``func(*args, **kwargs)`` (torch's dropout), fused where it can be."""
         x = _arg(args, kwargs, 0, "input", None)
         p = float(_arg(args, kwargs, 1, "p", 0.5))
         training = bool(_arg(args, kwargs, 2, "training", True))

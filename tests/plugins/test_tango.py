@@ -572,7 +572,7 @@ def test_fused_dropout_keeps_one_minus_p_scaled_and_backward_uses_the_same_mask(
     p = 0.6
     x = (torch.rand(shape) + 0.5).requires_grad_(True)  # no zeros: a zero output is a drop
     dropout = FusedDropout(seed=3, backend="auto")
-    y = dropout.handle("dropout", torch.nn.functional.dropout, (x, p), {"training": True})
+    y = dropout.handle(torch.nn.functional.dropout, (x, p), {"training": True})
     kept = y != 0
     assert torch.allclose(y[kept], x[kept] / (1 - p))
     if x.numel() >= 1000:
@@ -586,13 +586,13 @@ def test_fused_dropout_draws_each_call_anew_and_repeats_from_the_same_position()
     x = torch.ones(200, 16)
     first, second = FusedDropout(0, "auto"), FusedDropout(0, "auto")
     args = (x, 0.5)
-    a = first.handle("dropout", torch.nn.functional.dropout, args, {})
-    b = first.handle("dropout", torch.nn.functional.dropout, args, {})
+    a = first.handle(torch.nn.functional.dropout, args, {})
+    b = first.handle(torch.nn.functional.dropout, args, {})
     assert not torch.equal(a, b)
-    assert torch.equal(second.handle("dropout", torch.nn.functional.dropout, args, {}), a)
+    assert torch.equal(second.handle(torch.nn.functional.dropout, args, {}), a)
     second.calls = 1  # a resumed run restores the count
-    assert torch.equal(second.handle("dropout", torch.nn.functional.dropout, args, {}), b)
-    other_seed = FusedDropout(1, "auto").handle("dropout", torch.nn.functional.dropout, args, {})
+    assert torch.equal(second.handle(torch.nn.functional.dropout, args, {}), b)
+    other_seed = FusedDropout(1, "auto").handle(torch.nn.functional.dropout, args, {})
     assert not torch.equal(other_seed, a)
 
 
@@ -616,9 +616,9 @@ def test_fused_dropout_leaves_other_calls_to_torch(
         return "torch"
 
     dropout = FusedDropout(0, "auto")
-    assert dropout.handle("dropout", torch_dropout, (torch.ones(4, 3), *args), kwargs) == "torch"
+    assert dropout.handle(torch_dropout, (torch.ones(4, 3), *args), kwargs) == "torch"
     half = torch.ones(4, 3, dtype=torch.float16)
-    assert dropout.handle("dropout", torch_dropout, (half, 0.5), {}) == "torch"
+    assert dropout.handle(torch_dropout, (half, 0.5), {}) == "torch"
     assert dropout.calls == 0 and len(seen) == 2
 
 
