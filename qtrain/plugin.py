@@ -74,6 +74,13 @@ class DenseOperands(NamedTuple):
     linear: bool
 
 
+def call_argument(
+    args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any
+) -> Any:
+    """Argument ``index`` / ``name`` of a torch call a plugin intercepted, else ``default``."""
+    return args[index] if len(args) > index else kwargs.get(name, default)
+
+
 def float32_on(devices: Iterable[str], *tensors: Any) -> bool:
     """Every one of ``tensors`` is a dense float32 tensor on one of ``devices`` (types like
     "cpu"). A sparse operand (``torch.sparse`` A @ X in a hand-written GCN) is not: plugins

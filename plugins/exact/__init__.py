@@ -35,7 +35,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from qtrain.config import option
 from qtrain.ops import masks
-from qtrain.plugin import Patcher, Plugin, PluginContext, dense_operands, register_plugin
+from qtrain.plugin import (
+    Patcher,
+    Plugin,
+    PluginContext,
+    call_argument,
+    dense_operands,
+    register_plugin,
+)
 from qtrain.train.activations import installed_codec, storage_key
 
 
@@ -96,12 +103,6 @@ def _is_parameter(t: torch.Tensor) -> bool:
     """A parameter or a view of one (autograd saves ``weight.t()``): leaves that need grads."""
     base = t._base if t._base is not None else t
     return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
-    if len(args) > index:
-        return args[index]
-    return kwargs.get(name, default)
 
 
 @register_plugin
@@ -210,18 +211,18 @@ class ExactPlugin(Plugin):
             and x.requires_grad
         )
         if kind == "relu":
-            inplace = _arg(args, kwargs, 1, "inplace", False) if func is F.relu else False
+            inplace = call_argument(args, kwargs, 1, "inplace", False) if func is F.relu else False
             if usable and not inplace:
                 return self._count(kind, masks.relu(x, self.config.backend))
         elif kind == "leaky_relu":
-            slope = _arg(args, kwargs, 1, "negative_slope", 0.01)
-            inplace = _arg(args, kwargs, 2, "inplace", False)
+            slope = call_argument(args, kwargs, 1, "negative_slope", 0.01)
+            inplace = call_argument(args, kwargs, 2, "inplace", False)
             if usable and not inplace:
                 return self._count(kind, masks.leaky_relu(x, float(slope), self.config.backend))
         else:  # dropout
-            p = float(_arg(args, kwargs, 1, "p", 0.5))
-            training = _arg(args, kwargs, 2, "training", True)
-            inplace = _arg(args, kwargs, 3, "inplace", False)
+            p = float(call_argument(args, kwargs, 1, "p", 0.5))
+            training = call_argument(args, kwargs, 2, "training", True)
+            inplace = call_argument(args, kwargs, 3, "inplace", False)
             if usable and training and not inplace and p > 0.0:
                 return self._count(kind, masks.dropout(x, p, self.config.backend))
         return func(*args, **kwargs)

@@ -23,13 +23,10 @@ from typing import Any
 import torch
 
 from qtrain.ops import masks
+from qtrain.plugin import call_argument
 
 _MIX = 0xD1B54A32D192ED03  # odd 64-bit constants: spread (seed, call) over the seed space
 _GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any) -> Any:
-    return args[index] if len(args) > index else kwargs.get(name, default)
 
 
 # told (input, output, packed keep-mask, p) after each fused call
@@ -56,10 +53,10 @@ class FusedDropout:
 
     def handle(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``func(*args, **kwargs)`` (torch's dropout), fused where it can be."""
-        x = _arg(args, kwargs, 0, "input", None)
-        p = float(_arg(args, kwargs, 1, "p", 0.5))
-        training = bool(_arg(args, kwargs, 2, "training", True))
-        inplace = bool(_arg(args, kwargs, 3, "inplace", False))
+        x = call_argument(args, kwargs, 0, "input", None)
+        p = float(call_argument(args, kwargs, 1, "p", 0.5))
+        training = bool(call_argument(args, kwargs, 2, "training", True))
+        inplace = bool(call_argument(args, kwargs, 3, "inplace", False))
         usable = (
             isinstance(x, torch.Tensor)
             and x.dtype == torch.float32

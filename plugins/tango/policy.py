@@ -99,14 +99,18 @@ class QuantPolicy:
     def _through_cache(self, x: torch.Tensor, constant: bool) -> Quantized:
         if self.cache is None:
             return self.fresh(x, constant)
-        settings = (self.bits, self.rounding, self.seed, constant)
-        return self.cache.get_or_quantize(x, settings, lambda t: self.fresh(t, constant))
+        return self.cache.get_or_quantize(
+            x, self._settings(constant), lambda t: self.fresh(t, constant)
+        )
 
     def store(self, x: torch.Tensor, value: Quantized) -> None:
         """Cache ``value`` as the forward operand ``x``'s quantization (with the cache on)."""
         if self.cache is not None:
-            settings = (self.bits, self.rounding, self.seed, self.constant(x))
-            self.cache.put(x, settings, value)
+            self.cache.put(x, self._settings(self.constant(x)), value)
+
+    def _settings(self, constant: bool) -> tuple[object, ...]:
+        """What a cached quantization was made under (a constant's kept apart)."""
+        return (self.bits, self.rounding, self.seed, constant)
 
     def fp32(self, primitive: str, why: str) -> None:
         """Report that a part of ``primitive`` ran in float32 (see ``on_fp32``)."""

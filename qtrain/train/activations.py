@@ -10,8 +10,8 @@ they are passed by reference and not counted, as EXACT's accounting does
 (exact-iclr22 appendix H). Neither is a copy a plugin keeps of one of them for
 the whole run (tango's int8 node features, quantized once per run, or a
 weight's, kept until the optimizer changes it): plugins name such copies with
-:func:`note_copy`, and their bytes are reported as ``input_copy_bytes``. A saved tensor stops counting when autograd frees
-it after its backward. ``activation_bytes`` is the highest total reached in a
+:func:`note_copy`, and their bytes are reported as ``input_copy_bytes``. A
+saved tensor stops counting when autograd frees it after its backward. ``activation_bytes`` is the highest total reached in a
 step; ``peak_memory_bytes`` is the process's peak resident memory during the
 step (Linux resets the high-water mark per step through
 ``/proc/self/clear_refs``), or the CUDA allocator's peak on a GPU.
