@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from qtrain.plugins.tango import payoff
 from qtrain.plugins.tango.cache import QuantCache
 from qtrain.plugins.tango.calibrate import DEFAULT_TARGET, calibrate_model
 from qtrain.plugins.tango.dropout import FusedDropout
@@ -83,6 +84,11 @@ class TangoConfig:
     )
     fp32_before_softmax: bool = option(
         True, "keep the model's output layer (it feeds the softmax) in float32"
+    )
+    fp32_when_small: bool = option(
+        True,
+        "keep in float32 a primitive too small for int8 to pay on this device (thresholds "
+        "measured by bench/crossover.py; the report's fp32_calls lists each and why)",
     )
     packed_dropout: bool = option(
         True,
@@ -289,6 +295,8 @@ class TangoPlugin(Plugin):
             why = self._why_not(gidx, *operands)
             if why is None and reduce_op != "sum":
                 why = f"reducer {reduce_op!r}"
+            if why is None and self.config.fp32_when_small:
+                why = _small_spmm(op, lhs, rhs, gidx.number_of_edges(0))
             if why is None:
                 try:
                     result = self._spmm(gidx, op, lhs, rhs)
@@ -306,12 +314,13 @@ class TangoPlugin(Plugin):
     def _spmm(self, gidx: Any, op: str, lhs: Any, rhs: Any) -> torch.Tensor | None:
         policy = self.policy
         assert policy is not None
+        recording = torch.is_grad_enabled()  # a Function's forward runs with grad mode off
         if op == "copy_lhs" and lhs.dim() in (2, 3):
-            return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, None)
+            return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, None, recording)
         if op == "mul" and lhs.dim() in (2, 3) and _per_head_weight(lhs, rhs):
-            return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, rhs)
+            return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, rhs, recording)
         if op == "copy_rhs" and rhs.dim() in (2, 3):
-            return QuantEdgeToNode.apply(policy, graph_csr(gidx, 0, rhs.device), rhs)
+            return QuantEdgeToNode.apply(policy, graph_csr(gidx, 0, rhs.device), rhs, recording)
         return None
 
     # ------------------------------------------------------------ SDDMM
@@ -335,12 +344,18 @@ class TangoPlugin(Plugin):
                     why = f"targets {lhs_target},{rhs_target}"
                 elif lhs.dim() not in (2, 3) or lhs.shape[1:] != rhs.shape[1:]:
                     why = f"op {op!r} with shapes {_shapes(lhs, rhs)}"
+                elif self.config.fp32_when_small and (
+                    small := payoff.sddmm(op, lhs, gidx.number_of_edges(0))
+                ):
+                    why = small
                 else:
                     policy = self.policy
                     assert policy is not None
                     csr = graph_csr(gidx, 0, lhs.device)
                     try:
-                        return QuantSDDMM.apply(policy, csr, op, lhs, rhs, lhs_target == "u")
+                        return QuantSDDMM.apply(
+                            policy, csr, op, lhs, rhs, lhs_target == "u", torch.is_grad_enabled()
+                        )
                     except NonFiniteOperand:
                         why = NON_FINITE
             self._fallback("sddmm", why)
@@ -362,7 +377,7 @@ class TangoPlugin(Plugin):
     def _typed(self, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> Any:
         policy = self.policy
         assert policy is not None
-        return QuantSegmentMM.apply(policy, a, b, offsets)
+        return QuantSegmentMM.apply(policy, a, b, offsets, torch.is_grad_enabled())
 
     def _patched_segment_mm(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def segment_mm(a: Any, b: Any, seglen_a: Any) -> Any:
@@ -415,6 +430,9 @@ class TangoPlugin(Plugin):
         x, w, bias, linear = plan
         if self.fp32.active:
             self._fallback("gemm", "output layer (fp32_before_softmax)")
+            return func(*args, **kwargs)
+        if self.config.fp32_when_small and (small := payoff.gemm(x, w, linear)):
+            self._fallback("gemm", small)
             return func(*args, **kwargs)
         policy = self.policy
         assert policy is not None
@@ -478,6 +496,16 @@ class TangoPlugin(Plugin):
 
 def _shapes(*tensors: Any) -> str:
     return ", ".join(str(tuple(t.shape)) if t is not None else "None" for t in tensors)
+
+
+def _small_spmm(op: str, lhs: Any, rhs: Any, edges: int) -> str | None:
+    """Why an SpMM tango covers is too small to quantize here (None: it pays, or tango
+    does not cover it and says so itself)."""
+    if op == "copy_rhs" and isinstance(rhs, torch.Tensor):
+        return payoff.spmm("copy", rhs, edges)
+    if op in ("copy_lhs", "mul") and isinstance(lhs, torch.Tensor):
+        return payoff.spmm("copy" if op == "copy_lhs" else "mul", lhs, edges)
+    return None
 
 
 def _per_head_weight(x: torch.Tensor, w: Any) -> bool:

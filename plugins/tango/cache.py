@@ -14,6 +14,11 @@ is a miss and is quantized afresh.
 Each quantization is named to the activation meter as a copy of its source
 (:func:`qtrain.train.activations.note_copy`): the int8 node features, made once
 and kept for the run, then count as the features do, not as a saved activation.
+
+A quantized step constant also gets its transpose on request (:meth:`QuantCache.transposed`),
+kept while its int8 copy lives: the weight gradient X^T dY of a layer reading the node
+features then runs as a plain product over rows of X^T, not as a transposed product that
+re-packs X's columns every step (on Cora the packing cost more than FP32's whole product).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from qtrain.train.activations import note_copy
 
@@ -57,6 +63,8 @@ class QuantCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
+        # int8 tensor -> its transpose, contiguous; an entry dies with its int8 tensor
+        self._transposed: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.hits = 0
         self.misses = 0
 
@@ -110,6 +118,19 @@ class QuantCache:
 
         return forget
 
+    def transposed(self, q: torch.Tensor) -> torch.Tensor:
+        """``q.t()`` made contiguous once and kept while ``q`` lives. For the int8 copy of a
+        step constant, which lives as long as its source: a per-step tensor would pay
+        the copy every step and gain nothing."""
+        with self._lock:
+            found = self._transposed.get(q)
+        if found is not None:
+            return found
+        made = q.t().contiguous()
+        with self._lock:
+            self._transposed[q] = made
+        return made
+
     def note_reuse(self) -> None:
         """Count a reuse the caller made itself (forward's quantized operand used in backward)."""
         with self._lock:
@@ -118,7 +139,13 @@ class QuantCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._transposed.clear()
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries)}
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "entries": len(self._entries),
+                "transposed": len(self._transposed),
+            }

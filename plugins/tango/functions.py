@@ -45,8 +45,10 @@ def _kernel_scope() -> Iterator[None]:
         _state.depth -= 1
 
 
-def _operand(policy: QuantPolicy, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return policy.cached(x)
+def _operand(
+    policy: QuantPolicy, x: torch.Tensor, recording: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return policy.cached(x, recording)
 
 
 def _saved(
@@ -140,13 +142,21 @@ class QuantLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, policy: QuantPolicy, x: torch.Tensor, w: torch.Tensor, bias: Any, linear: bool
+        ctx: Any,
+        policy: QuantPolicy,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: Any,
+        linear: bool,
+        recording: bool,
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = _operand(policy, x)
-        qw, sw = _operand(policy, w)
+        qx, sx = _operand(policy, x, recording)
+        qw, sw = _operand(policy, w, recording)
         out = int8_gemm(qx, qw, sx, sw, "nt" if linear else "nn", bias, policy.backend)
         needs = ctx.needs_input_grad  # (policy, x, w, bias, linear): dX reads w, dW reads x
         _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), needed=(needs[2], needs[1]))
+        # x's int8 copy lives for the run (the features): dW may read its cached transpose
+        ctx.x_constant = policy.cache is not None and policy.constant(x, recording)
         ctx.linear = linear
         ctx.has_bias = bias is not None
         return out
@@ -164,11 +174,24 @@ class QuantLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
         if ctx.needs_input_grad[2]:
-            if ctx.linear:  # dW[N, K] = dY^T X
-                dw = int8_gemm(qg, qx, sg, sx, "tn", None, policy.backend)
-            else:  # dW[K, N] = X^T dY
-                dw = int8_gemm(qx, qg, sx, sg, "tn", None, policy.backend)
-        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None
+            dw = QuantLinear._weight_grad(ctx, qx, sx, qg, sg)
+        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None, None
+
+    @staticmethod
+    def _weight_grad(
+        ctx: Any, qx: torch.Tensor, sx: torch.Tensor, qg: torch.Tensor, sg: torch.Tensor
+    ) -> torch.Tensor:
+        """dW = X^T dY ([K, N]; linear: its transpose dY^T X). For a step constant X, a
+        plain product over the rows of X^T, cached (the same integer sums, so the same
+        bits as the transposed product, which re-packs X's columns on every call)."""
+        policy: QuantPolicy = ctx.policy
+        if ctx.x_constant and policy.cache is not None:
+            xt = policy.cache.transposed(qx)
+            dw = int8_gemm(xt, qg, sx, sg, "nn", None, policy.backend)
+            return dw.t().contiguous() if ctx.linear else dw
+        if ctx.linear:  # dW[N, K] = dY^T X
+            return int8_gemm(qg, qx, sg, sx, "tn", None, policy.backend)
+        return int8_gemm(qx, qg, sx, sg, "tn", None, policy.backend)
 
     @staticmethod
     def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
@@ -178,7 +201,7 @@ class QuantLinear(torch.autograd.Function):
             dx = grad @ w if ctx.linear else grad @ w.t()
         if ctx.needs_input_grad[2]:
             dw = grad.t() @ x if ctx.linear else x.t() @ grad
-        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None
+        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None, None
 
     @staticmethod
     def _bias_grad(ctx: Any, grad: torch.Tensor) -> torch.Tensor | None:
@@ -195,9 +218,10 @@ def quant_linear(
 ) -> torch.Tensor:
     """Quantized dense product for x of any rank >= 2 (leading dims flattened)."""
     if x.dim() == 2:
-        return QuantLinear.apply(policy, x, w, bias, linear)
+        return QuantLinear.apply(policy, x, w, bias, linear, torch.is_grad_enabled())
     lead = x.shape[:-1]
-    out = QuantLinear.apply(policy, x.reshape(-1, x.shape[-1]), w, bias, linear)
+    flat = x.reshape(-1, x.shape[-1])
+    out = QuantLinear.apply(policy, flat, w, bias, linear, torch.is_grad_enabled())
     return out.reshape(*lead, out.shape[-1])
 
 
@@ -211,10 +235,15 @@ class QuantSegmentMM(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, policy: QuantPolicy, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor
+        ctx: Any,
+        policy: QuantPolicy,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        offsets: torch.Tensor,
+        recording: bool,
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = _operand(policy, x)
-        qw, sw = _operand(policy, w)
+        qx, sx = _operand(policy, x, recording)
+        qw, sw = _operand(policy, w, recording)
         out = int8_segment_gemm(qx, qw, offsets, sx, sw, "nn", policy.backend)
         needs = ctx.needs_input_grad  # (policy, x, w, offsets): dX reads w, dW reads x
         _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), (offsets,), needed=(needs[2], needs[1]))
@@ -237,7 +266,7 @@ class QuantSegmentMM(torch.autograd.Function):
             dx = int8_segment_gemm(qg, qw, offsets, sg, sw, "nt", policy.backend)
         if ctx.needs_input_grad[2]:
             dw = int8_segment_gemm(qx, qg, offsets, sx, sg, "tn", policy.backend)
-        return None, dx, dw, None
+        return None, dx, dw, None, None
 
     @staticmethod
     def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
@@ -246,7 +275,7 @@ class QuantSegmentMM(torch.autograd.Function):
         ops = torch.ops.qtrain
         dx = ops.segment_matmul(grad, offsets, w, True) if ctx.needs_input_grad[1] else None
         dw = ops.segment_matmul_tn(x, offsets, grad) if ctx.needs_input_grad[2] else None
-        return None, dx, dw, None
+        return None, dx, dw, None, None
 
 
 # ---------------------------------------------------------------- SpMM
@@ -266,9 +295,9 @@ class QuantSpMM(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, policy: QuantPolicy, csr: GraphCSR, x: torch.Tensor, w: Any
+        ctx: Any, policy: QuantPolicy, csr: GraphCSR, x: torch.Tensor, w: Any, recording: bool
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = _operand(policy, x)
+        qx, sx = _operand(policy, x, recording)
         out = qspmm(
             csr.in_indptr,
             csr.in_indices,
@@ -317,7 +346,7 @@ class QuantSpMM(torch.autograd.Function):
             ((qx, sx),) = _operands(ctx, stored)
             dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
             dw = _reduce_to(dots, ctx.w_shape)
-        return None, None, dx, dw
+        return None, None, dx, dw, None
 
     @staticmethod
     def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
@@ -333,22 +362,24 @@ class QuantSpMM(torch.autograd.Function):
             (x,) = _floats(ctx)
             dots = (x.index_select(0, src) * grad_e).sum(-1, keepdim=True)
             dw = _reduce_to(dots, ctx.w_shape)
-        return None, None, dx, dw
+        return None, None, dx, dw, None
 
 
 class QuantEdgeToNode(torch.autograd.Function):
     """``copy_e`` sum: edge data summed into destination nodes, the incidence-matrix SpMM."""
 
     @staticmethod
-    def forward(ctx: Any, policy: QuantPolicy, csr: GraphCSR, e: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        q, s = policy.fresh(e, policy.constant(e))
+    def forward(  # type: ignore[override]
+        ctx: Any, policy: QuantPolicy, csr: GraphCSR, e: torch.Tensor, recording: bool
+    ) -> torch.Tensor:
+        q, s = policy.fresh(e, policy.constant(e, recording))
         ctx.csr = csr
         return qspmm(csr.in_indptr, csr.in_eids, q, s, backend=policy.backend)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         csr: GraphCSR = ctx.csr
-        return None, None, grad.index_select(0, csr.dst.long())
+        return None, None, grad.index_select(0, csr.dst.long()), None
 
 
 def _reduce_to(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -383,15 +414,16 @@ class QuantSDDMM(torch.autograd.Function):
         x: torch.Tensor,
         y: torch.Tensor,
         lhs_is_src: bool,
+        recording: bool,
     ) -> torch.Tensor:
-        qx, sx = _operand(policy, x)
-        qy, sy = _operand(policy, y)
+        qx, sx = _operand(policy, x, recording)
+        qy, sy = _operand(policy, y, recording)
         lhs_index, rhs_index = (csr.src, csr.dst) if lhs_is_src else (csr.dst, csr.src)
         out = qsddmm(op, qx, sx, lhs_index, qy, sy, rhs_index, policy.backend)
         ctx.csr, ctx.op, ctx.lhs_is_src = csr, op, lhs_is_src
         # add / sub backward sums the gradient per node and reads neither operand;
         # dot / mul: x's gradient reads y and y's reads x
-        needs = ctx.needs_input_grad  # (policy, csr, op, x, y, lhs_is_src)
+        needs = ctx.needs_input_grad  # (policy, csr, op, x, y, lhs_is_src, recording)
         products = op in ("dot", "mul")
         _saved(
             ctx,
@@ -439,7 +471,7 @@ class QuantSDDMM(torch.autograd.Function):
                 x_e = dequantize(qx, sx).index_select(0, lhs_index.long())
                 dy = grad.new_zeros((csr_rows(csr, not ctx.lhs_is_src), *grad.shape[1:]))
                 dy.index_add_(0, rhs_index.long(), grad * x_e)
-        return None, None, None, dx, dy, None
+        return None, None, None, dx, dy, None, None
 
     @staticmethod
     def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
@@ -454,7 +486,7 @@ class QuantSDDMM(torch.autograd.Function):
         if ctx.needs_input_grad[4]:
             dy = grad.new_zeros((csr_rows(csr, not ctx.lhs_is_src), *grad.shape[1:]))
             dy.index_add_(0, rhs_index.long(), -grad if ctx.op == "sub" else grad)
-        return None, None, None, dx, dy, None
+        return None, None, None, dx, dy, None, None
 
 
 def csr_rows(csr: GraphCSR, src_side: bool) -> int:

@@ -58,11 +58,18 @@ class QuantPolicy:
         return self._through_cache(grad, constant=False)
 
     @staticmethod
-    def constant(x: torch.Tensor) -> bool:
+    def constant(x: torch.Tensor, recording: bool | None = None) -> bool:
         """True for a forward operand that takes no part in the gradient being recorded:
         a step input (the node features, or what the model computes from them alone),
-        or anything of an evaluation (no gradient recorded)."""
-        return not (torch.is_grad_enabled() and x.requires_grad)
+        or anything of an evaluation (no gradient recorded).
+
+        ``recording``: whether the primitive's caller records a gradient, taken where it
+        was called (``torch.is_grad_enabled()`` there; the default reads it now). Inside
+        an autograd Function's forward grad mode is always off, so a forward must be
+        told: read there, every weight and activation would count as a constant."""
+        if recording is None:
+            recording = torch.is_grad_enabled()
+        return not (recording and x.requires_grad)
 
     def fresh(self, x: torch.Tensor, constant: bool = False) -> Quantized:
         """Quantize x now (anything that is used once).
@@ -90,11 +97,12 @@ class QuantPolicy:
                 raise
             raise NonFiniteOperand("operand holds NaN or Inf") from None
 
-    def cached(self, x: torch.Tensor) -> Quantized:
+    def cached(self, x: torch.Tensor, recording: bool | None = None) -> Quantized:
         """Quantize a forward operand, reusing an earlier quantization of the same unchanged
         tensor if cached (a constant's and a stream draw's are kept apart: a weight an
-        evaluation quantized is not what the next training step draws)."""
-        return self._through_cache(x, constant=self.constant(x))
+        evaluation quantized is not what the next training step draws). ``recording`` as
+        in :meth:`constant`."""
+        return self._through_cache(x, constant=self.constant(x, recording))
 
     def _through_cache(self, x: torch.Tensor, constant: bool) -> Quantized:
         if self.cache is None:

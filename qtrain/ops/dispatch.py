@@ -81,8 +81,13 @@ def scope_name(primitive: str, backend: str) -> str:
 @contextlib.contextmanager
 def call(primitive: str, backend: str) -> Iterator[None]:
     """Mark a call of ``primitive`` on ``backend`` for torch.profiler and count it once it
-    has returned (a call its arguments refused ran no kernel)."""
-    with torch.profiler.record_function(scope_name(primitive, backend)):
+    has returned (a call its arguments refused ran no kernel). The mark only while a
+    profiler records: it costs about 7 us a call otherwise spent on nothing, a tenth of
+    a millisecond per step on a graph like Cora."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(scope_name(primitive, backend)):
+            yield
+    else:
         yield
     COUNTER.record(primitive, backend)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from qtrain.plugins.tango import payoff
 from qtrain.plugins.tango.cache import QuantCache
 from qtrain.plugins.tango.dropout import FusedDropout
 from qtrain.plugins.tango.functions import inside_kernel, quant_linear
@@ -17,6 +18,7 @@ from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
 import qtrain
 from qtrain._compat import import_dgl
 from qtrain.ops import dispatch
+from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import build_csr, graph_csr
 from qtrain.plugin import PRIMITIVES, Patcher
 
@@ -45,6 +47,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(autouse=True)
 def _fresh_counter() -> None:
     dispatch.reset()
+
+
+@pytest.fixture(autouse=True)
+def _every_primitive_quantized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the int8 kernels on graphs far below the sizes where they pay on
+    a CPU, which tango would keep in float32 (payoff.py): its thresholds are off here and
+    tested on their own in test_tango_payoff.py."""
+    monkeypatch.setattr(payoff, "MEASURED", {})
 
 
 # ------------------------------------------------------------------ GEMM
@@ -91,6 +101,28 @@ def test_stochastic_rounding_repeats_with_the_seed_and_changes_without() -> None
     assert not torch.equal(a, c)
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_weights_and_activations_draw_from_the_stream_and_an_evaluation_does_not(
+    cache: bool,
+) -> None:
+    """Inside an autograd Function's forward grad mode is off: read there, every operand
+    looked like a step constant, and each step rounded its weights and activations with
+    the same random numbers. A training forward draws the weight's and the activation's
+    counters from the stream; the features (no gradient) and an evaluation draw none."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 8)  # the features: a constant of the step
+    h = torch.randn(5, 8, requires_grad=True)  # an activation
+    w = torch.randn(8, 3, requires_grad=True)
+    policy = QuantPolicy(bits=8, cache=QuantCache() if cache else None)
+    quant_linear(policy, x, w, linear=False)
+    assert policy._offset == w.numel()
+    quant_linear(policy, h, w.detach().clone().requires_grad_(), linear=False)
+    assert policy._offset == 2 * w.numel() + h.numel()
+    with torch.no_grad():
+        quant_linear(policy, h, torch.randn(8, 3, requires_grad=True), linear=False)
+    assert policy._offset == 2 * w.numel() + h.numel()
+
+
 # ------------------------------------------------------------------ cache
 
 
@@ -126,6 +158,32 @@ def test_cache_separates_settings_and_views() -> None:
     QuantPolicy(bits=4, cache=cache).cached(x)
     QuantPolicy(bits=4, cache=cache).cached(x.t())
     assert cache.misses == 3 and cache.hits == 0
+
+
+@pytest.mark.parametrize("linear", [True, False])
+def test_weight_gradient_of_the_features_reads_their_cached_transpose(linear: bool) -> None:
+    """dW = X^T dY for a step constant X runs over X^T's rows, transposed once for the run,
+    with the same bits as the transposed product; an activation X gets no such copy."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 12)
+    w = torch.randn(5, 12) if linear else torch.randn(12, 5)
+    w.requires_grad_()
+    grad = torch.randn(40, 5)
+    policy = QuantPolicy(bits=8, rounding="nearest")
+    for _ in range(3):
+        w.grad = None
+        quant_linear(policy, x, w, linear=linear).backward(grad)
+    assert policy.cache is not None and policy.cache.stats()["transposed"] == 1
+    qx, sx = policy.cached(x)
+    qg, sg = QuantPolicy(bits=8, rounding="nearest", cache=None).fresh(grad)
+    if linear:
+        expected = int8_gemm(qg, qx, sg, sx, "tn", None, "auto")
+    else:
+        expected = int8_gemm(qx, qg, sx, sg, "tn", None, "auto")
+    assert torch.equal(w.grad, expected)
+    h = x.clone().requires_grad_()
+    quant_linear(policy, h, w, linear=linear).backward(grad)
+    assert policy.cache.stats()["transposed"] == 1
 
 
 def test_optimizer_step_invalidates_cached_weights() -> None:

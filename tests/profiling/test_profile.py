@@ -180,6 +180,8 @@ def test_profile_compare_fp32_adds_speedups(tiny_gat: Path) -> None:
             "fp32",
             "--set",
             'quant.plugin=["tango"]',
+            "--set",
+            "quant.tango.fp32_when_small=false",  # quantized GEMMs on this tiny graph
         ],
     )
     assert result.exit_code == 0, result.output
@@ -187,7 +189,16 @@ def test_profile_compare_fp32_adds_speedups(tiny_gat: Path) -> None:
     assert "tango_cache" in result.stdout
     quick = ["--epochs", "1", "--warmup", "0", "--compare", "fp32", "--json"]
     as_json = runner.invoke(
-        app, ["profile", str(tiny_gat), *quick, "--set", 'quant.plugin=["tango"]']
+        app,
+        [
+            "profile",
+            str(tiny_gat),
+            *quick,
+            "--set",
+            'quant.plugin=["tango"]',
+            "--set",
+            "quant.tango.fp32_when_small=false",
+        ],
     )
     out = _json_last_line(as_json.stdout)
     compare = out["compare"]
