@@ -15,8 +15,8 @@ Each quantization is named to the activation meter as a copy of its source
 (:func:`qtrain.train.activations.note_copy`): the int8 node features, made once
 and kept for the run, then count as the features do, not as a saved activation.
 
-A quantized step constant also gets its transpose on request (:meth:`QuantCache.transposed`),
-kept while its int8 copy lives: the weight gradient X^T dY of a layer reading the node
+A quantized step constant asked for its transpose a second time gets it
+(:meth:`QuantCache.transposed`), kept while its int8 copy lives: the weight gradient X^T dY of a layer reading the node
 features then runs as a plain product over rows of X^T, not as a transposed product that
 re-packs X's columns every step (on Cora the packing cost more than FP32's whole product).
 """
@@ -63,7 +63,8 @@ class QuantCache:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
-        # int8 tensor -> its transpose, contiguous; an entry dies with its int8 tensor
+        # int8 tensor -> its transpose, contiguous (None: asked for once); an entry dies
+        # with its int8 tensor
         self._transposed: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.hits = 0
         self.misses = 0
@@ -118,12 +119,16 @@ class QuantCache:
 
         return forget
 
-    def transposed(self, q: torch.Tensor) -> torch.Tensor:
-        """``q.t()`` made contiguous once and kept while ``q`` lives. For the int8 copy of a
-        step constant, which lives as long as its source: a per-step tensor would pay
-        the copy every step and gain nothing."""
+    def transposed(self, q: torch.Tensor) -> torch.Tensor | None:
+        """``q.t()`` made contiguous and kept while ``q`` lives, from the second time ``q`` is
+        asked for; None the first time. Only an int8 copy that outlives a step (the node
+        features') is asked for twice: one made afresh every step (features aggregated
+        or dropped out first) would pay the copy each step and gain nothing."""
         with self._lock:
-            found = self._transposed.get(q)
+            if q not in self._transposed:
+                self._transposed[q] = None  # seen once
+                return None
+            found = self._transposed[q]
         if found is not None:
             return found
         made = q.t().contiguous()
@@ -147,5 +152,5 @@ class QuantCache:
                 "hits": self.hits,
                 "misses": self.misses,
                 "entries": len(self._entries),
-                "transposed": len(self._transposed),
+                "transposed": sum(t is not None for t in self._transposed.values()),
             }

@@ -181,12 +181,13 @@ class QuantLinear(torch.autograd.Function):
     def _weight_grad(
         ctx: Any, qx: torch.Tensor, sx: torch.Tensor, qg: torch.Tensor, sg: torch.Tensor
     ) -> torch.Tensor:
-        """dW = X^T dY ([K, N]; linear: its transpose dY^T X). For a step constant X, a
-        plain product over the rows of X^T, cached (the same integer sums, so the same
-        bits as the transposed product, which re-packs X's columns on every call)."""
+        """dW = X^T dY ([K, N]; linear: its transpose dY^T X). For a step constant X whose
+        int8 copy outlives the step, from the second step a plain product over the rows
+        of X^T, cached (the same integer sums, so the same bits as the transposed
+        product, which re-packs X's columns on every call)."""
         policy: QuantPolicy = ctx.policy
-        if ctx.x_constant and policy.cache is not None:
-            xt = policy.cache.transposed(qx)
+        xt = policy.cache.transposed(qx) if ctx.x_constant and policy.cache is not None else None
+        if xt is not None:
             dw = int8_gemm(xt, qg, sx, sg, "nn", None, policy.backend)
             return dw.t().contiguous() if ctx.linear else dw
         if ctx.linear:  # dW[N, K] = dY^T X

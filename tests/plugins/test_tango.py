@@ -162,8 +162,9 @@ def test_cache_separates_settings_and_views() -> None:
 
 @pytest.mark.parametrize("linear", [True, False])
 def test_weight_gradient_of_the_features_reads_their_cached_transpose(linear: bool) -> None:
-    """dW = X^T dY for a step constant X runs over X^T's rows, transposed once for the run,
-    with the same bits as the transposed product; an activation X gets no such copy."""
+    """dW = X^T dY for a step constant X runs over X^T's rows, transposed once for the run
+    (from its second step), with the same bits as the transposed product; an activation X,
+    or a constant made afresh each step, gets no such copy."""
     torch.manual_seed(0)
     x = torch.randn(40, 12)
     w = torch.randn(5, 12) if linear else torch.randn(12, 5)
@@ -183,6 +184,8 @@ def test_weight_gradient_of_the_features_reads_their_cached_transpose(linear: bo
     assert torch.equal(w.grad, expected)
     h = x.clone().requires_grad_()
     quant_linear(policy, h, w, linear=linear).backward(grad)
+    for _ in range(3):  # a constant of one step: a new tensor each time
+        quant_linear(policy, x * 2.0, w, linear=linear).backward(grad)
     assert policy.cache.stats()["transposed"] == 1
 
 
