@@ -6,8 +6,11 @@ Measured on the 2-core CPU these thresholds come from (``python bench/crossover.
 float32 against quantized, interleaved, on graphs of Cora's size and of 20,000 nodes and
 200,000 edges; ``bench/results/vm-2026-11-27e-crossover.json``):
 
-* GEMM: 0.71x at 2,708 x 16 x 7 (0.3 M multiply-adds), 0.79x at 2,708 x 32 x 32, 1.31x
-  at 2,708 x 64 x 64 (11 M): below 2^22 multiply-adds a product stays float32.
+* GEMM: 0.68-0.71x at 2,708 x 16 x 7 (0.3 M multiply-adds), 0.70-0.79x at 2,708 x 32 x 32
+  (2.8 M), 0.82-0.94x at 6.1-6.2 M (3,000 x 32 x 64, 2,708 x 48 x 48, 3,000 x 64 x 32),
+  1.07-1.31x at 2,708 x 64 x 64 (11 M), 1.12-1.20x at 10-12 M: below 2^23 multiply-adds a
+  product stays float32 (the 6 M and 10-12 M shapes measured while a CI run shared the
+  cores, interleaved: ``bench/results/vm-2026-11-27e-crossover-gemm.log``).
 * SpMM that copies rows (``copy_u``, ``copy_e``) and SDDMM ``add`` / ``sub`` (GAT's
   attention logits, one value per head) on a graph of 2^16 edges or more: 0.69-1.02x
   below 32 values per row, 1.35-2.0x from 32. On Cora-sized graphs the int8 kernels win
@@ -48,7 +51,7 @@ class Thresholds:
 
 MEASURED = {
     "cpu": Thresholds(
-        gemm_macs=1 << 22, copy_width=32, copy_edges=1 << 16, weighted_width=4, dot_width=2
+        gemm_macs=1 << 23, copy_width=32, copy_edges=1 << 16, weighted_width=4, dot_width=2
     )
 }
 

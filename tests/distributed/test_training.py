@@ -444,9 +444,14 @@ def test_workers_on_the_device_route_equal_one_process(recipe: Path) -> None:
 
 
 def test_tango_runs_its_quantized_kernels_on_every_worker(recipe: Path) -> None:
-    """The tango plugin patches each worker's DGL, overlap's two halves included."""
+    """The tango plugin patches each worker's DGL, overlap's two halves included (every
+    primitive quantized: this graph is below the sizes where int8 pays on a CPU)."""
     require_ext()
-    tango = ('quant.plugin=["tango"]', "distributed.overlap=true")
+    tango = (
+        'quant.plugin=["tango"]',
+        "quant.tango.fp32_when_small=false",
+        "distributed.overlap=true",
+    )
     single = _summary(_qtrain(recipe, *tango))
     two = _summary(_qtrain(recipe, *tango, "distributed.world_size=2"))
     assert two["distributed"]["world_size"] == 2 and two["plugins"] == ["tango"]

@@ -83,7 +83,7 @@ def test_a_small_layer_stays_float32_and_the_report_says_why() -> None:
     assert set(kernels["gemm"]) == {"fp32"} and "fp32" not in kernels["spmm"], kernels
     reasons = report["fp32_calls"]
     assert list(reasons) == [
-        "gemm: too small for int8 to pay on cpu: multiply-adds 17,280 < 4,194,304 "
+        "gemm: too small for int8 to pay on cpu: multiply-adds 17,280 < 8,388,608 "
         "(quant.tango.fp32_when_small)"
     ], reasons
 
@@ -106,7 +106,7 @@ def test_the_same_layer_is_quantized_with_the_thresholds_off() -> None:
 
 
 def test_a_layer_wide_enough_is_quantized_by_default() -> None:
-    """60 nodes x 2,048 x 64 is over 2^22 multiply-adds, and 64 values a row pay in SpMM."""
-    kernels, report = _graphconv_step(2048, 64)
+    """60 nodes x 4,096 x 64 is over 2^23 multiply-adds, and 64 values a row pay in SpMM."""
+    kernels, report = _graphconv_step(4096, 64)
     assert "fp32" not in kernels["gemm"] and "fp32" not in kernels["spmm"], kernels
     assert not report["fp32_calls"]
