@@ -592,6 +592,7 @@ def test_auto_bits_records_the_calibration(tmp_path: Path) -> None:
         ("bits = 1", "too small"),
         ('bits = "eight"', "quant.tango.bits"),
         ('rounding = "up"', "rounding"),
+        ("fp32_when_small = 3", "fp32_when_small = 3 must be true or false"),
     ],
 )
 def test_bad_tango_options_are_one_line_errors(tmp_path: Path, extra: str, message: str) -> None:
