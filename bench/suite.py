@@ -92,6 +92,8 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         # synthetic-arxiv, then Cora and Citeseer (30 rounds each; Planetoid from
         # ../shared/datasets, a row saying so where it is absent)
         Job("epoch.py", ("--warmup", "1", "--repeat", "3", "--models", *EPOCH_ALL)),
+        # where tango's int8 primitives start to pay: the payoff rule's evidence (about a minute)
+        Job("crossover.py", ("--repeat", "20", "--warmup", "3")),
         Job("exact.py", ("--warmup", "1", "--repeat", "5", "--memory-steps", "2")),
         Job("exact_ops.py", ("--repeat", "7")),
         # SAGE 3 x 128 full graph on synthetic-products: FP32 passes 16 GiB, exact stays
@@ -122,6 +124,7 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         Job("epoch.py", ("--warmup", "1", "--repeat", "1", "--models", *EPOCH_ALL)),
         # the memory part has just run a step of each variant in the same process, which
         # warms it up: a first timed round was no slower than a second one here
+        Job("crossover.py", ("--repeat", "6", "--warmup", "2")),
         Job("exact.py", ("--warmup", "0", "--repeat", "1", "--memory-steps", "1")),
         Job("exact_ops.py", ("--repeat", "3")),
         # SAGE 3 x 32 full graph on synthetic-products: FP32 peaked at 9.7 GiB, exact INT2
@@ -153,6 +156,9 @@ FAMILIES: dict[str, str] = {
     "epoch": "tango 8-bit: one full-graph training epoch (forward, backward, Adam) of the "
     "example recipes on synthetic-arxiv, Cora and Citeseer (variants interleaved, one epoch "
     "each per round)",
+    "crossover": "tango's payoff rule: one primitive's forward and backward inside a tango "
+    "session, quantized against kept in FP32 (what the rule decides in brackets; a ratio "
+    "below 1 where it says int8, or above 1 where it says fp32, is a case it gets wrong)",
     "exact-memory": "exact: memory of a full-graph training step on synthetic-arxiv, each "
     "variant alone: what autograd saved (qtrain's meter) and the process's resident memory "
     "(the kernel's figures, which include the graph and features every variant holds)",
@@ -348,6 +354,21 @@ EXACT_BARS = {
     ("exact-epoch", "sage", "int2", "FP32"): "sage epoch time overhead int2 vs fp32",
     ("exact-epoch", "sage", "rp8-int2", "exact INT2"): "sage epoch time rp8-int2 / int2",
 }
+
+
+def cases_crossover(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        case(
+            "crossover",
+            f"{r['case']} (rule: {r['default']})",
+            "forward + backward",
+            "ms",
+            r["tango_ms"],
+            "kept in FP32",
+            r["fp32_ms"],
+        )
+        for r in raw["rows"]
+    ]
 
 
 def _bar(raw: dict[str, Any], key: tuple[str, str, str, str]) -> dict[str, Any]:
@@ -714,6 +735,7 @@ CASES = {
     "gemm.py": cases_gemm,
     "sparse.py": cases_sparse,
     "epoch.py": cases_epoch,
+    "crossover.py": cases_crossover,
     "exact.py": cases_exact,
     "exact_ops.py": cases_exact_ops,
     "exact_capacity.py": cases_capacity,
@@ -724,6 +746,7 @@ SCRIPT_FAMILIES = {
     "gemm.py": "gemm",
     "sparse.py": "sparse",
     "epoch.py": "epoch",
+    "crossover.py": "crossover",
     "exact.py": "exact-memory",
     "exact_ops.py": "exact-ops",
     "exact_capacity.py": "exact-capacity",

@@ -617,3 +617,19 @@ def test_epoch_bars_and_a_missing_dataset(suite: Any) -> None:
     assert citeseer["ratio"] is None and "does not exist" in citeseer["note"]
     table = suite.render_table(cases)
     assert "bar: tango epoch vs DGL FP32 >= 1x: FAIL" in table
+
+
+def test_crossover_rows_compare_int8_with_fp32_and_name_the_rule(suite: Any) -> None:
+    raw = {
+        "rows": [
+            {"case": "gemm 2708x16x7", "fp32_ms": 0.3, "tango_ms": 0.4, "default": "fp32"},
+            {"case": "gemm 2708x64x64", "fp32_ms": 0.8, "tango_ms": 0.4, "default": "int8"},
+        ]
+    }
+    cases = suite.collect({"crossover.py": raw})
+    assert [c["case"] for c in cases] == [
+        "gemm 2708x16x7 (rule: fp32)",
+        "gemm 2708x64x64 (rule: int8)",
+    ]
+    assert cases[1]["ratio"] == 2.0 and cases[1]["baseline_name"] == "kept in FP32"
+    assert all(c["family"] == "crossover" for c in cases)
