@@ -16,9 +16,10 @@ Each quantization is named to the activation meter as a copy of its source
 and kept for the run, then count as the features do, not as a saved activation.
 
 A quantized step constant asked for its transpose a second time gets it
-(:meth:`QuantCache.transposed`), kept while its int8 copy lives: the weight gradient X^T dY of a layer reading the node
-features then runs as a plain product over rows of X^T, not as a transposed product that
-re-packs X's columns every step (on Cora the packing cost more than FP32's whole product).
+(:meth:`QuantCache.transposed`), kept while its int8 copy lives: the weight gradient
+X^T dY of a layer reading the node features then runs as a plain product over rows of
+X^T, not as a transposed product that re-packs X's columns every step (on Cora the
+packing cost more than FP32's whole product).
 """
 
 from __future__ import annotations

@@ -155,8 +155,9 @@ class QuantLinear(torch.autograd.Function):
         out = int8_gemm(qx, qw, sx, sw, "nt" if linear else "nn", bias, policy.backend)
         needs = ctx.needs_input_grad  # (policy, x, w, bias, linear): dX reads w, dW reads x
         _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), needed=(needs[2], needs[1]))
-        # x's int8 copy lives for the run (the features): dW may read its cached transpose
-        ctx.x_constant = policy.cache is not None and policy.constant(x, recording)
+        # a constant x's int8 copy may live for the run (the features): dW may then read
+        # its cached transpose
+        ctx.x_constant = policy.constant(x, recording)
         ctx.linear = linear
         ctx.has_bias = bias is not None
         return out

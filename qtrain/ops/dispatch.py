@@ -84,10 +84,12 @@ def call(primitive: str, backend: str) -> Iterator[None]:
     has returned (a call its arguments refused ran no kernel). The mark only while a
     profiler records: it costs about 7 us a call otherwise spent on nothing, a tenth of
     a millisecond per step on a graph like Cora."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(scope_name(primitive, backend)):
-            yield
-    else:
+    profiling = torch.autograd._profiler_enabled()
+    with (
+        torch.profiler.record_function(scope_name(primitive, backend))
+        if profiling
+        else contextlib.nullcontext()
+    ):
         yield
     COUNTER.record(primitive, backend)
 
