@@ -5,9 +5,14 @@ A plugin is a ``Plugin`` subclass with a typed ``Config`` and an
 patcher replaces the primitive's function object in *every* module namespace
 that holds a reference to it (DGL binds its kernels by name in several
 modules, and user code may have done ``from dgl.ops import edge_softmax``),
-and puts exactly the original objects back on deactivation. Dense products
-(``torch.matmul``, ``nn.Linear``, ``@``) are seen through a
-``TorchFunctionMode``, which reaches every call an unmodified model makes.
+and puts exactly the original objects back on deactivation. Torch functions a
+plugin intercepts (dense products: ``torch.matmul``, ``nn.Linear``'s
+``F.linear``, ``@``) are replaced the same way, and tensor methods and operators
+(``Tensor.matmul``, ``__matmul__``) on ``torch.Tensor`` itself: an unmodified
+model reaches them by name or operator. Not a ``TorchFunctionMode``, which
+would also reach a function a model stored before the session began, but puts
+every torch call of a step through Python (about 320 a step on a 3,000-node
+GCN: 0.7 ms of a 5.7 ms step).
 
 Built-in plugins live in ``plugins/`` (installed as ``qtrain.plugins``);
 third-party ones register in the ``qtrain.plugins`` entry-point group.
@@ -18,9 +23,11 @@ the earlier ones installed, and deactivation runs in reverse.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,7 +36,6 @@ from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from qtrain._compat import import_dgl
 from qtrain.errors import PluginError, RecipeError, one_of
@@ -48,7 +54,7 @@ PRIMITIVES: dict[str, tuple[str, str]] = {
     "segment_mm": ("dgl.ops.segment", "segment_mm"),
 }
 
-# The dense products a TorchFunctionMode sees from DGL's convolutions.
+# The dense products of DGL's convolutions (matmul, nn.Linear, addmm).
 DENSE_FUNCTIONS: dict[Callable[..., Any], str] = {
     torch.matmul: "matmul",
     torch.Tensor.matmul: "matmul",
@@ -147,20 +153,53 @@ class NoOptions:
     """A plugin that takes no options."""
 
 
-class _FunctionMode(TorchFunctionMode):
-    """Routes the torch functions in ``table`` (function -> kind) to a plugin's handler."""
+class _Busy(threading.local):
+    """Whether this thread is inside one ``Patcher.functions`` handler: the torch calls
+    the handler makes go straight through, as they would under a function mode."""
 
-    def __init__(self, table: dict[Callable[..., Any], str], handler: DenseHandler) -> None:
-        super().__init__()
-        self.table = table
-        self.handler = handler
+    active = False
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        kind = self.table.get(func)
-        if kind is None:
-            return func(*args, **kwargs)
-        return self.handler(kind, func, args, kwargs)
+
+def _intercepting(
+    current: Callable[..., Any], kind: str, handler: DenseHandler, busy: _Busy
+) -> Callable[..., Any]:
+    def intercepted(*args: Any, **kwargs: Any) -> Any:
+        if busy.active:
+            return current(*args, **kwargs)
+        busy.active = True
+        try:
+            return handler(kind, current, args, kwargs)
+        finally:
+            busy.active = False
+
+    functools.update_wrapper(intercepted, current)  # keeps __name__, sets __wrapped__
+    return intercepted
+
+
+# tensor methods by the id of their original object (Tensor.matmul -> "matmul"), found
+# once, before anything is patched; torch's own name wins over an alias (__abs__ = abs)
+_TENSOR_METHODS: dict[int, tuple[Any, str]] = {
+    id(value): (value, name)
+    for owner in (torch.Tensor, torch._C.TensorBase)
+    for name, value in vars(owner).items()
+    if callable(value)
+}
+
+
+def _tensor_method(func: Any) -> str | None:
+    entry = _TENSOR_METHODS.get(id(func))
+    return entry[1] if entry is not None and entry[0] is func else None
+
+
+def _module_slot(func: Any) -> tuple[dict[str, Any], str] | None:
+    """The namespace and name a torch function is defined under (``torch.matmul``,
+    ``torch._C._nn.linear``): where the object now standing for it is found."""
+    module = sys.modules.get(getattr(func, "__module__", None) or "")
+    name = getattr(func, "__name__", None)
+    namespace = getattr(module, "__dict__", None)
+    if not isinstance(namespace, dict) or not name or name not in namespace:
+        return None
+    return namespace, name
 
 
 @dataclass
@@ -175,8 +214,11 @@ class _Replacement:
 class _AttributeReplacement:
     owner: type
     name: str
-    original: Any
+    original: Any  # _INHERITED: the owner had no attribute of its own
     replacement: Any
+
+
+_INHERITED = object()
 
 
 class Patcher:
@@ -186,7 +228,6 @@ class Patcher:
         self.owner = owner
         self._replacements: list[_Replacement] = []
         self._attributes: list[_AttributeReplacement] = []
-        self._modes: list[TorchFunctionMode] = []
 
     @staticmethod
     def current(primitive: str) -> Callable[..., Any]:
@@ -209,20 +250,27 @@ class Patcher:
 
     def replace(self, original: Any, replacement: Any) -> int:
         """Point every module-level reference to ``original`` at ``replacement``."""
-        changed = 0
+        return self._replace_all({id(original): (original, replacement)})[id(original)]
+
+    def _replace_all(self, pairs: dict[int, tuple[Any, Any]]) -> dict[int, int]:
+        """Every module-level reference to each original (keyed by its id) pointed at its
+        replacement, in one pass over the loaded modules; references changed per original."""
+        changed = dict.fromkeys(pairs, 0)
         for module in list(sys.modules.values()):
             namespace = getattr(module, "__dict__", None)
             if not isinstance(namespace, dict):
                 continue
             for key, value in list(namespace.items()):
-                if value is original:
-                    namespace[key] = replacement
-                    self._replacements.append(_Replacement(namespace, key, original, replacement))
-                    changed += 1
-        if changed == 0:
-            raise PluginError(
-                f"plugin {self.owner!r}: no module holds {original!r}; nothing to patch"
-            )
+                pair = pairs.get(id(value))
+                if pair is not None and pair[0] is value:
+                    namespace[key] = pair[1]
+                    self._replacements.append(_Replacement(namespace, key, value, pair[1]))
+                    changed[id(value)] += 1
+        for ident, n in changed.items():
+            if n == 0:
+                raise PluginError(
+                    f"plugin {self.owner!r}: no module holds {pairs[ident][0]!r}; nothing to patch"
+                )
         return changed
 
     def replace_attribute(self, owner: type, name: str, replacement: Any) -> None:
@@ -230,28 +278,54 @@ class Patcher:
         ``replacement`` until :meth:`restore`; the attribute must be the owner's own."""
         if name not in vars(owner):
             raise PluginError(f"plugin {self.owner!r}: {owner.__qualname__} has no own {name!r}")
-        original = vars(owner)[name]
-        setattr(owner, name, replacement)
-        self._attributes.append(_AttributeReplacement(owner, name, original, replacement))
+        self._set_attribute(owner, name, replacement)
 
     def dense(self, handler: DenseHandler) -> None:
         """Send dense products to ``handler(kind, func, args, kwargs)`` while active."""
         self.functions(DENSE_FUNCTIONS, handler)
 
     def functions(self, table: dict[Callable[..., Any], str], handler: DenseHandler) -> None:
-        """Send calls of the torch functions in ``table`` to ``handler(kind, func, args, kwargs)``."""
-        mode = _FunctionMode(table, handler)
-        mode.__enter__()
-        self._modes.append(mode)
+        """Send calls of the torch functions and tensor methods in ``table`` (original
+        object -> kind) to ``handler(kind, func, args, kwargs)``, ``func`` being what the
+        call would have reached (another plugin's interception, or torch's). Inside the
+        handler, the table's functions go straight through. A call through a reference
+        kept outside any module's namespace (``self.act = F.relu`` stored before the
+        session) is not seen."""
+        busy = _Busy()
+        in_modules: dict[int, tuple[Any, Any]] = {}
+        for func, kind in table.items():
+            method = _tensor_method(func)
+            if method is not None:
+                current = getattr(torch.Tensor, method)
+                self._set_attribute(
+                    torch.Tensor, method, _intercepting(current, kind, handler, busy)
+                )
+                continue
+            slot = _module_slot(func)
+            if slot is None:
+                raise PluginError(
+                    f"plugin {self.owner!r}: {func!r} is neither a tensor method nor found "
+                    "in its module; cannot intercept it"
+                )
+            current = slot[0][slot[1]]
+            in_modules[id(current)] = (current, _intercepting(current, kind, handler, busy))
+        if in_modules:
+            self._replace_all(in_modules)
+
+    def _set_attribute(self, owner: type, name: str, replacement: Any) -> None:
+        original = vars(owner).get(name, _INHERITED)
+        setattr(owner, name, replacement)
+        self._attributes.append(_AttributeReplacement(owner, name, original, replacement))
 
     def restore(self) -> None:
         """Undo this patcher's changes, newest first."""
-        while self._modes:
-            self._modes.pop().__exit__(None, None, None)
         while self._attributes:
             a = self._attributes.pop()
             if vars(a.owner).get(a.name) is a.replacement:
-                setattr(a.owner, a.name, a.original)
+                if a.original is _INHERITED:
+                    delattr(a.owner, a.name)
+                else:
+                    setattr(a.owner, a.name, a.original)
             else:
                 warnings.warn(
                     f"plugin {self.owner!r}: {a.owner.__qualname__}.{a.name} was changed by "

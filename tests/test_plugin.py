@@ -295,3 +295,81 @@ def test_the_builtin_plugins_load_from_a_checkout_that_is_not_installed() -> Non
     assert done.returncode == 0, done.stderr[-2000:]
     assert "'exact', 'hector', 'tango', 'trace'" in done.stdout
     assert done.stdout.strip().endswith(str(root / "plugins" / "tango" / "functions.py"))
+
+
+# ------------------------------------------------------------ intercepted torch functions
+
+_DENSE_SPOTS = ("matmul", "mm", "__matmul__", "__rmatmul__", "bmm")
+
+
+def _dense_state() -> tuple[Any, ...]:
+    """What torch.Tensor and torch's namespaces hold for the dense products now."""
+    import torch.nn.functional as F
+
+    own = tuple(vars(torch.Tensor).get(name) for name in _DENSE_SPOTS)
+    return own, torch.matmul, torch.mm, torch.addmm, F.linear, torch._C._nn.linear
+
+
+def test_every_spelling_of_a_dense_product_reaches_the_handler_and_restores_exactly() -> None:
+    import torch.nn.functional as F
+
+    before = _dense_state()
+    seen: list[str] = []
+
+    def handler(kind: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        seen.append(kind)
+        return func(*args, **kwargs)
+
+    patcher = Patcher("test")
+    patcher.dense(handler)
+    x, w, b = torch.randn(5, 3), torch.randn(3, 4), torch.randn(4)
+    try:
+        ys = [x @ w, x.matmul(w), torch.matmul(x, w), torch.mm(x, w), x.mm(w)]
+        ys += [torch.addmm(b, x, w) - b, F.linear(x, w.t()), torch.nn.Linear(3, 4)(x) * 0 + x @ w]
+    finally:
+        patcher.restore()
+    assert seen == ["matmul"] * 3 + ["mm"] * 2 + ["addmm", "linear", "linear", "matmul"]
+    for y in ys:
+        torch.testing.assert_close(y, x @ w)
+    assert _dense_state() == before
+    assert "matmul" not in vars(torch.Tensor) and "__matmul__" not in vars(torch.Tensor)
+    x @ w  # nothing is seen once restored
+    assert len(seen) == 9
+
+
+def test_two_interceptions_compose_later_outside_and_calls_inside_a_handler_go_through() -> None:
+    order: list[str] = []
+
+    def named(tag: str) -> Any:
+        def handler(kind: str, func: Any, args: tuple, kwargs: dict) -> Any:
+            order.append(tag)
+            # a product inside the handler does not come back to it (nor loop forever)
+            inner = torch.matmul(args[0], args[1])
+            return func(*args, **kwargs) + 0 * inner
+
+        return handler
+
+    first, second = Patcher("first"), Patcher("second")
+    first.dense(named("first"))
+    second.dense(named("second"))
+    x = torch.randn(2, 2)
+    try:
+        torch.matmul(x, x)
+        x @ x
+    finally:
+        second.restore()
+        first.restore()
+    # the inner torch.matmul of "second" passes through "first" (another plugin's handler)
+    assert order == ["second", "first", "first"] * 2
+    assert "__matmul__" not in vars(torch.Tensor)
+    assert torch.matmul is torch._C._VariableFunctions.matmul
+
+
+def test_a_function_that_cannot_be_found_is_a_plugin_error() -> None:
+    def loose(x: Any) -> Any:
+        return x
+
+    patcher = Patcher("test")
+    with pytest.raises(PluginError, match=r"plugin 'test': .*loose.* cannot intercept it"):
+        patcher.functions({loose: "loose"}, lambda kind, func, args, kwargs: None)
+    patcher.restore()

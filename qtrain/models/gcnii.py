@@ -52,7 +52,6 @@ class GCNII(GNNModel):
                     lambda_=options.lambda_,
                     project_initial_features=True,
                     allow_zero_in_degree=True,
-                    activation=F.relu,
                 )
             )
         self.output_linear = nn.Linear(options.hidden, num_classes)
@@ -73,5 +72,7 @@ class GCNII(GNNModel):
         graphs = self._graphs(graph_or_blocks)
         h = h0 = F.relu(self.input_linear(self.dropout(x)))
         for layer, graph in zip(self.layers, graphs, strict=True):
-            h = layer(graph, self.dropout(h), h0)
+            # relu applied here, not passed as the conv's activation (which DGL keeps as
+            # an attribute): plugins intercept F.relu where it is looked up by name
+            h = F.relu(layer(graph, self.dropout(h), h0))
         return self.output_linear(self.dropout(h))
