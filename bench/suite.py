@@ -73,6 +73,7 @@ EPOCH_ALL = (
     "gcn",
     "gat",
     *(f"{d}-{m}" for d in ("cora", "citeseer") for m in ("gcn", "gat", "sage")),
+    "default-gcn",
 )
 
 
@@ -284,6 +285,7 @@ EPOCH_MODELS = {
         for d in ("cora", "citeseer")
         for m in ("gcn", "gat", "sage")
     },
+    "default-gcn": "GCN 2 x 64 on synthetic-small (qtrain.toml, the default recipe)",
 }
 # issue 29's bars on tango's epoch against DGL FP32: 1.5x GCN, 2x GAT on synthetic-arxiv,
 # and never slower on the small graphs
