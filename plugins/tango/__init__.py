@@ -170,15 +170,13 @@ class TangoPlugin(Plugin):
         patcher.wrap("edge_softmax", self._fp32_counted("edge_softmax"))
         patcher.wrap("segment_mm", self._patched_segment_mm)
         patcher.wrap("gather_mm", self._patched_gather_mm)
-        # one function mode for the dense products and, with the cache (without it X
-        # would be quantized afresh anyway), the row scalings: every torch call of the
-        # step passes through each mode, in Python, which costs on graphs like Cora
+        # the dense products and, with the cache (without it X would be quantized afresh
+        # anyway), the row scalings: only those calls pass through Python
         functions = {**DENSE_FUNCTIONS, **(ROW_SCALE_FUNCTIONS if cfg.cache else {})}
         patcher.functions(functions, self._on_function)
         if cfg.packed_dropout:
             self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
-            # torch's dropout is replaced where it is looked up (nn.Dropout calls
-            # F.dropout), not through a function mode: nothing else pays for it
+            # torch's dropout is replaced where it is looked up (nn.Dropout calls F.dropout)
             patcher.replace(F.dropout, self.dropout.function(F.dropout))
 
     def _count_keyed_dropout(self) -> None:

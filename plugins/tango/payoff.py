@@ -4,25 +4,26 @@ cover the quantizations it adds (its operands, then its gradient).
 Measured on the 2-core CPU these thresholds come from (``python bench/crossover.py
 --threads 2``: each primitive's forward and backward inside one tango session, kept in
 float32 against quantized, interleaved, on graphs of Cora's size and of 20,000 nodes and
-200,000 edges; ``bench/results/vm-2026-11-27e-crossover.json``):
+200,000 edges; ``bench/results/vm-2026-11-27f-crossover.json``, after plugins stopped
+routing every torch call through a function mode; the earlier
+``vm-2026-11-27e-crossover.json`` decided the same):
 
-* GEMM: 0.68-0.71x at 2,708 x 16 x 7 (0.3 M multiply-adds), 0.70-0.79x at 2,708 x 32 x 32
-  (2.8 M), 0.82-0.94x at 6.1-6.2 M (3,000 x 32 x 64, 2,708 x 48 x 48, 3,000 x 64 x 32),
-  1.07-1.31x at 2,708 x 64 x 64 (11 M), 1.12-1.20x at 10-12 M: below 2^23 multiply-adds a
-  product stays float32 (the 6 M and 10-12 M shapes measured while a CI run shared the
-  cores, interleaved: ``bench/results/vm-2026-11-27e-crossover-gemm.log``).
+* GEMM: 0.66x at 2,708 x 16 x 7 (0.3 M multiply-adds), 0.68x at 2,708 x 32 x 32 (2.8 M),
+  0.90-0.91x at 6.1-6.2 M (3,000 x 32 x 64, 2,708 x 48 x 48), 1.15x at 2,708 x 64 x 64
+  (11 M), 1.40x at 5,000 x 32 x 64 (10 M): below 2^23 multiply-adds a product stays
+  float32.
 * SpMM that copies rows (``copy_u``, ``copy_e``) and SDDMM ``add`` / ``sub`` (GAT's
-  attention logits, one value per head) on a graph of 2^16 edges or more: 0.69-1.02x
-  below 32 values per row, 1.35-2.0x from 32. On Cora-sized graphs the int8 kernels win
-  at every width (1.1-1.6x): DGL's float path makes many more torch calls, each through
-  tango's function mode, and on a small graph those fixed costs decide.
-* SpMM that weighs rows by edge values (``u_mul_e``): 1.1-1.4x already at 4 values per
-  row; SDDMM ``dot`` / ``mul``: 1.1-1.2x at 2. Below those widths nothing was measured,
+  attention logits, one value per head) on a graph of 2^16 edges or more: 0.52-0.89x
+  below 32 values per row, 1.28-2.2x from 32. On Cora-sized graphs the int8 ``copy_u``
+  wins at every width (1.10-1.45x): DGL's float path makes more torch calls, and on a
+  small graph those fixed costs decide.
+* SpMM that weighs rows by edge values (``u_mul_e``): 1.2-1.3x already at 4 values per
+  row; SDDMM ``dot`` / ``mul``: 0.96-1.2x at 2. Below those widths nothing was measured,
   and they stay float32.
-* The recorded run decided 36 of 39 cases as measured; the other three sit near parity
-  or below the measured widths: ``copy_u`` at 16 values a row on the larger graph kept
-  in float32 at 1.09x (1.02-1.22x in earlier runs), an ``add`` at 32 on Cora's size
-  quantized at 0.93x, a ``u_mul_e`` at 2 values kept in float32 at 1.31x.
+* The recorded run decided 39 of 42 cases as measured; the other three sit near parity:
+  a ``u_mul_e`` at 2 values on Cora's size kept in float32 at 1.18x, an ``add`` with 8
+  heads on Cora's size quantized at 0.96x, a ``dot`` at 2 values on the larger graph
+  quantized at 0.96x.
 
 Only the CPU has measured thresholds: elsewhere every primitive the kernels cover is
 quantized, as in the paper. A primitive kept in float32 here is counted as ``fp32`` in
