@@ -219,11 +219,22 @@ def case(
     }
 
 
+# issue 29's bar on every direction of the quantized linear layer's product against FP32
+GEMM_BAR = 2.0
+
+
 def cases_gemm(raw: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in raw["results"]:
         name = f"{r['case']}, hidden {r['hidden']}"
         for base, key in (("FP32", "fp32"), ("bf16 autocast", "bf16")):
+            extra: dict[str, Any] = {}
+            qtrain, baseline = _num(r.get("qtrain_ms")), _num(r.get(f"{key}_ms"))
+            if key == "fp32" and qtrain and baseline:
+                extra = {
+                    "bar": f"quantized product vs FP32 >= {GEMM_BAR:g}x",
+                    "pass": baseline / qtrain >= GEMM_BAR,
+                }
             out.append(
                 case(
                     "gemm",
@@ -235,6 +246,7 @@ def cases_gemm(raw: dict[str, Any]) -> list[dict[str, Any]]:
                     r[f"{key}_ms"],
                     value_iqr=r.get("qtrain_iqr_ms"),
                     baseline_iqr=r.get(f"{key}_iqr_ms"),
+                    **extra,
                 )
             )
     return out

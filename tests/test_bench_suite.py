@@ -362,7 +362,10 @@ def test_markdown(suite: Any) -> None:
         "| case | qtrain (ms) | FP32 | vs FP32 | bf16 autocast | vs bf16 autocast | notes |"
         in lines
     )
-    assert "| fwd X@W nearest, hidden 128 | 10.0 | 30.0 | 3.00x | 20.0 | 2.00x |  |" in lines
+    assert (
+        "| fwd X@W nearest, hidden 128 | 10.0 | 30.0 | 3.00x | 20.0 | 2.00x "
+        "| bar: quantized product vs FP32 >= 2x: PASS |" in lines
+    )
     # both baselines of a case on one row; an unmeasured one is "-" with the reason
     gat = next(line for line in lines if line.startswith("| GAT"))
     assert "| 6000 | 12000 | 2.00x | - | - |" in gat and "node features bf16" in gat
@@ -633,3 +636,30 @@ def test_crossover_rows_compare_int8_with_fp32_and_name_the_rule(suite: Any) -> 
     ]
     assert cases[1]["ratio"] == 2.0 and cases[1]["baseline_name"] == "kept in FP32"
     assert all(c["family"] == "crossover" for c in cases)
+
+
+def test_every_gemm_direction_is_judged_against_twice_fp32(suite: Any) -> None:
+    raw = {
+        "results": [
+            {
+                "hidden": 128,
+                "case": "fwd X@W nearest",
+                "fp32_ms": 40.0,
+                "bf16_ms": 22.0,
+                "qtrain_ms": 21.0,
+            },
+            {
+                "hidden": 128,
+                "case": "bwd dW=X^T@dY (tn)",
+                "fp32_ms": 40.0,
+                "bf16_ms": 33.0,
+                "qtrain_ms": 9.0,
+            },
+        ]
+    }
+    cases = suite.cases_gemm(raw)
+    fwd = _find(cases, "gemm", "fwd X@W nearest, hidden 128", "FP32")
+    assert fwd["bar"] == "quantized product vs FP32 >= 2x" and fwd["pass"] is False  # 1.90x
+    assert _find(cases, "gemm", "bwd dW=X^T@dY (tn), hidden 128", "FP32")["pass"] is True
+    assert "bar" not in _find(cases, "gemm", "fwd X@W nearest, hidden 128", "bf16 autocast")
+    assert "bar: quantized product vs FP32 >= 2x: FAIL" in suite.render_table(cases)
