@@ -95,8 +95,9 @@ def bench_model(
     one: entering (and leaving) replaces functions in module namespaces and methods on
     ``torch.Tensor``, which resets the interpreter's specialized lookups, and the
     epochs after pay for re-specializing them, which a run pays once. On the default
-    recipe (a 5 ms epoch) tango measured 0.79x FP32 with one settling epoch, 1.02x
-    with five and 1.04x in blocks of ten epochs per entry.
+    recipe (a 5 ms epoch, a one-off script while a CI run shared the cores, so noisy)
+    tango measured 0.79x FP32 with one settling epoch, 1.02x with five and 1.04x in
+    blocks of ten epochs per entry.
     """
     root = (
         [f"dataset.root={json.dumps(str(planetoid_root))}"]

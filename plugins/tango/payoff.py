@@ -6,7 +6,7 @@ Measured on the 2-core CPU these thresholds come from (``python bench/crossover.
 float32 against quantized, interleaved, on graphs of Cora's size and of 20,000 nodes and
 200,000 edges; ``bench/results/vm-2026-11-27f-crossover.json``, after plugins stopped
 routing every torch call through a function mode; the earlier
-``vm-2026-11-27e-crossover.json`` decided the same):
+``vm-2026-11-27e-crossover.json`` led to the same thresholds):
 
 * GEMM: 0.66x at 2,708 x 16 x 7 (0.3 M multiply-adds), 0.68x at 2,708 x 32 x 32 (2.8 M),
   0.90-0.91x at 6.1-6.2 M (3,000 x 32 x 64, 2,708 x 48 x 48), 1.15x at 2,708 x 64 x 64
