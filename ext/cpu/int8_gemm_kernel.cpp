@@ -90,6 +90,7 @@ struct TileArgs {
   const float* bias;    // at the tile's first column, or null
   const int32_t* corr;  // VNNI: 128 * colsum(B) (mod 2^32) at the tile's first column
   float scale;
+  bool stream;  // full float32 rows go to memory with non-temporal stores (c 64-byte aligned)
   // int64 accumulate epilogue
   int64_t* c64;
   int64_t ldc64;
@@ -199,7 +200,9 @@ QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], con
         }
         __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), vs);
         if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
-        if (full) {
+        if (full && t.stream) {
+          _mm512_stream_ps(t.c + r * t.ldc + 16 * v, f);
+        } else if (full) {
           _mm512_storeu_ps(t.c + r * t.ldc + 16 * v, f);
         } else {
           _mm512_mask_storeu_ps(t.c + r * t.ldc + 16 * v, mask[v], f);
@@ -464,6 +467,16 @@ void strides(const Problem& p, int64_t& a_sm, int64_t& a_sk, int64_t& b_sk, int6
   b_sn = p.layout == 't' ? p.K : 1;
 }
 
+// A float32 output much larger than the caches is written with non-temporal stores: a
+// normal store first reads each line it fills, doubling the memory traffic of a product
+// whose time is mostly that of writing its output (169,343 x 128 at K = 128), and the
+// next operator would find the lines evicted anyway. Needs every row 64-byte aligned.
+bool streams_output(const Problem& p) {
+  constexpr int64_t kStreamBytes = int64_t{32} << 20;
+  return p.out != nullptr && p.M * p.N * 4 >= kStreamBytes && p.N % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.out) % 64 == 0;
+}
+
 // out = fl32(float(acc - corr[n]) * scale) (+ bias[n]) for an int64 block, or into out32
 // the sum itself, saturated to int32.
 void finalize(const int64_t* acc, int64_t ld, int64_t rows, int64_t cols, const int64_t* corr,
@@ -557,6 +570,7 @@ void gemm_rows(const Problem& p) {
   const int nt = team_size(blocks, static_cast<double>(p.M) * static_cast<double>(p.N) *
                                           static_cast<double>(std::max<int64_t>(p.K, 1)));
   const bool direct_a = F::kDirectA && p.layout != 'T';
+  const bool stream = streams_output(p);
   // per-thread scratch, allocated here: nothing may throw inside the parallel region
   std::vector<Scratch> scratch(static_cast<size_t>(nt));
   for (Scratch& sc : scratch) {
@@ -580,6 +594,7 @@ void gemm_rows(const Problem& p) {
       const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
       TileArgs base{};
       base.scale = p.scale;
+      base.stream = stream;
       base.tail = nullptr;
       int64_t a_step;  // A elements advanced per k-step (for chunking)
       if (direct_a) {
@@ -656,6 +671,9 @@ void gemm_rows(const Problem& p) {
                  p.out32 != nullptr ? p.out32 + m0 * p.N + n0 : nullptr, p.N);
       }
     }
+#if QT_X86_DISPATCH
+    if (stream) _mm_sfence();  // order this thread's non-temporal stores before it returns
+#endif
   });
 }
 

@@ -105,7 +105,8 @@ class TangoConfig:
 
 
 class _Fp32Region:
-    """Thread-local depth of float32 regions (the output layer's forward and backward)."""
+    """Thread-local depth of float32 regions: the output layer's forward, and the backward of
+    each DGL primitive it ran (autograd runs a node's hooks on the thread that runs it)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -122,6 +123,23 @@ class _Fp32Region:
 
     def reset(self, *_: Any) -> None:
         self._local.depth = 0
+
+    def extend_to_backward(self, result: Any) -> Any:
+        """Inside the region, make the backward of the primitive that gave ``result`` run
+        inside it too: DGL's backward calls the (patched) primitives again in Python.
+        Hooks on that one autograd node cost less than a module's full backward hooks,
+        which wrap every input and output of each call in an autograd Function."""
+        if not self.active:
+            return result
+        nodes = {
+            id(t.grad_fn): t.grad_fn
+            for t in (result if isinstance(result, tuple) else (result,))
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        }
+        for node in nodes.values():
+            node.register_prehook(self.enter)
+            node.register_hook(self.leave)
+        return result
 
 
 @register_plugin
@@ -253,8 +271,6 @@ class TangoPlugin(Plugin):
         self._hooks += [
             layer.register_forward_pre_hook(self.fp32.enter),
             layer.register_forward_hook(self.fp32.leave),
-            layer.register_full_backward_pre_hook(self.fp32.enter),
-            layer.register_full_backward_hook(self.fp32.leave),
         ]
 
     # ------------------------------------------------------------ helpers
@@ -268,7 +284,7 @@ class TangoPlugin(Plugin):
         def make(inner: Callable[..., Any]) -> Callable[..., Any]:
             def fp32_primitive(*args: Any, **kwargs: Any) -> Any:
                 dispatch.COUNTER.record(primitive, FP32)
-                return inner(*args, **kwargs)
+                return self.fp32.extend_to_backward(inner(*args, **kwargs))
 
             fp32_primitive.__wrapped__ = inner  # type: ignore[attr-defined]
             return fp32_primitive
@@ -304,7 +320,7 @@ class TangoPlugin(Plugin):
                     return result
                 why = why or f"op {op!r} with shapes {_shapes(lhs, rhs)}"
             self._fallback("spmm", why)
-            return original(gidx, op, reduce_op, lhs, rhs)
+            return self.fp32.extend_to_backward(original(gidx, op, reduce_op, lhs, rhs))
 
         gspmm.__wrapped__ = original  # type: ignore[attr-defined]
         return gspmm
@@ -314,6 +330,13 @@ class TangoPlugin(Plugin):
         assert policy is not None
         recording = torch.is_grad_enabled()  # a Function's forward runs with grad mode off
         if op == "copy_lhs" and lhs.dim() in (2, 3):
+            if lhs.dim() == 2 and policy.cache is not None:
+                # r * X aggregated first: the same values every step in a new tensor; its
+                # int8 copy is made once and handed to the cache under this step's tensor
+                kept = self.row_scaled.quantized_once(lhs, lambda y: policy.fresh(y, True))
+                if kept is not None:
+                    policy.store(lhs, kept)
+                    self.row_scaled.used += 1
             return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, None, recording)
         if op == "mul" and lhs.dim() in (2, 3) and _per_head_weight(lhs, rhs):
             return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, rhs, recording)
@@ -357,7 +380,9 @@ class TangoPlugin(Plugin):
                     except NonFiniteOperand:
                         why = NON_FINITE
             self._fallback("sddmm", why)
-            return original(gidx, op, lhs, rhs, lhs_target, rhs_target)
+            return self.fp32.extend_to_backward(
+                original(gidx, op, lhs, rhs, lhs_target, rhs_target)
+            )
 
         gsddmm.__wrapped__ = original  # type: ignore[attr-defined]
         return gsddmm
@@ -386,7 +411,7 @@ class TangoPlugin(Plugin):
                 except NonFiniteOperand:
                     why = NON_FINITE
             self._fallback("segment_gemm", why)
-            return original(a, b, seglen_a)
+            return self.fp32.extend_to_backward(original(a, b, seglen_a))
 
         segment_mm.__wrapped__ = original  # type: ignore[attr-defined]
         return segment_mm
@@ -401,7 +426,7 @@ class TangoPlugin(Plugin):
                 except NonFiniteOperand:
                     why = NON_FINITE
             self._fallback("segment_gemm", why)
-            return original(a, b, idx_b=idx_b)
+            return self.fp32.extend_to_backward(original(a, b, idx_b=idx_b))
 
         gather_mm.__wrapped__ = original  # type: ignore[attr-defined]
         return gather_mm

@@ -60,6 +60,16 @@ def test_cpu_tn_both_strategies(strategy: str, monkeypatch: pytest.MonkeyPatch) 
         _check("cpu", qa, qb, "tn", bias=torch.randn(n) if i % 2 else None)
 
 
+@pytest.mark.parametrize("n", [128, 144, 130])
+def test_cpu_output_beyond_the_caches(n: int) -> None:
+    """An output of 32 MiB or more (65,536 x 128 floats) is written with non-temporal stores
+    when its rows are 64-byte aligned (128 and 144 columns, the last panel partial), with
+    normal stores otherwise (130: unaligned rows): bit for bit the reference either way."""
+    make = int8s(n)
+    qa, qb = operands(65_536, 12, n, "nn", make)
+    _check("cpu", qa, qb, "nn", bias=torch.randn(n))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_long_inner_dimension(device: str, layout: str) -> None:

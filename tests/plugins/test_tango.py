@@ -396,6 +396,34 @@ def test_a_sparse_operand_stays_float32(plugin: str) -> None:
     assert x.grad is not None and torch.equal(x.grad, torch.ones(3, 1) @ torch.ones(1, 4))
 
 
+def test_the_output_layer_backward_runs_in_float32_and_the_hidden_layer_backward_does_not() -> None:
+    """DGL's backward calls its primitives again: the output layer's gradient aggregation
+    stays float32 (counted with the forward's), the hidden layer's is quantized, and the
+    region is closed once the backward is done, on every step."""
+    g = _graph(60, 300)
+    x = torch.randn(g.num_nodes(), 10)
+    # wider input than output: X W first, aggregated after, so its backward aggregates too
+    hidden = GraphConv(10, 8, allow_zero_in_degree=True)
+    output = GraphConv(8, 3, allow_zero_in_degree=True)
+    with qtrain.patch("tango", output_layer=output) as session:
+        plugin = session.plugins[0]
+        for step in range(1, 3):
+            h = torch.relu(hidden(g, x))
+            out = output(g, h)
+            assert not plugin.fp32.active  # the forward left the region
+            quantized_before = dispatch.snapshot().get("spmm", {})
+            out.square().sum().backward()
+            assert not plugin.fp32.active  # so did the backward
+            report = session.report()["tango"]
+            # one float32 aggregation forward, one backward (into h) per step
+            assert report["fp32_calls"]["spmm: output layer (fp32_before_softmax)"] == 2 * step
+            quantized = dispatch.snapshot().get("spmm", {})
+            assert sum(v for k, v in quantized.items() if k != "fp32") > sum(
+                v for k, v in quantized_before.items() if k != "fp32"
+            )  # the hidden layer's backward aggregation
+    assert hidden.weight.grad is not None and output.weight.grad is not None
+
+
 def test_a_user_loop_keeps_the_output_layer_it_names_in_float32() -> None:
     """fp32_before_softmax under qtrain.patch: the layer passed as output_layer runs FP32;
     without one nothing is kept, and the report says so instead of claiming it."""
@@ -737,6 +765,41 @@ def test_graphconv_quantizes_its_normalised_input_once_and_matches_the_scaled_pr
     assert _rel(conv.weight.grad / 3, ref_grad) < 0.03
 
 
+def test_graphconv_aggregating_first_quantizes_its_scaled_input_once() -> None:
+    """Narrower input than output: GraphConv(norm="both") aggregates deg^-1/2 * X before its
+    weight, a new tensor with the same values every step; its int8 copy is made in the
+    first step only, and a changed X is quantized again. Results match float32."""
+    g = _graph(60, 300)
+    conv = GraphConv(6, 48, norm="both", allow_zero_in_degree=True)
+    x = torch.rand(g.num_nodes(), 6)
+    scaled = x * g.out_degrees().clamp(min=1).float().pow(-0.5).unsqueeze(1)
+    ref = conv(g, x)
+    ref.square().sum().backward()
+    ref_grad = conv.weight.grad.clone()
+    conv.weight.grad = None
+    with qtrain.patch("tango", rounding="nearest") as session:
+        policy = session.plugins[0].policy
+        made: list[torch.Tensor] = []
+        real = policy.fresh
+
+        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+            made.append(t.clone())
+            return real(t, constant)
+
+        policy.fresh = fresh  # type: ignore[method-assign]
+        for _ in range(3):
+            out = conv(g, x)
+            out.square().sum().backward()
+        report = session.report()["tango"]
+        assert sum(torch.allclose(t, scaled) for t in made if t.shape == x.shape) == 1
+        x.mul_(2.0)  # X written to: its copy is stale
+        conv(g, x)
+        assert sum(torch.allclose(t, 2 * scaled) for t in made if t.shape == x.shape) == 1
+    assert report["row_scaled_inputs"] == 3
+    assert _rel(out, ref) < 0.02
+    assert _rel(conv.weight.grad / 3, ref_grad) < 0.03
+
+
 def test_a_row_scaled_input_written_to_is_not_taken_unscaled() -> None:
     scaled = RowScaled()
     x, r = torch.rand(5, 4), torch.rand(5, 1)
@@ -757,6 +820,27 @@ def test_a_row_scaled_input_written_to_is_not_taken_unscaled() -> None:
         assert scaled.source(scaled.on_mul("mul", torch.mul, (a, b), {})) is None
     del y, z
     assert len(scaled) == 0  # records die with their products
+
+
+def test_a_row_scaled_input_is_quantized_again_when_its_scale_changes() -> None:
+    scaled = RowScaled()
+    x, r = torch.rand(5, 4), torch.rand(5, 1)
+    calls: list[torch.Tensor] = []
+
+    def quantize(t: torch.Tensor) -> str:
+        calls.append(t)
+        return f"q{len(calls)}"
+
+    first = scaled.on_mul("mul", torch.mul, (x, r), {})
+    assert scaled.quantized_once(first, quantize) == "q1"
+    again = scaled.on_mul("mul", torch.mul, (x, r.clone()), {})  # same values, new tensors
+    assert scaled.quantized_once(again, quantize) == "q1" and len(calls) == 1
+    other = scaled.on_mul("mul", torch.mul, (x, r + 1.0), {})
+    assert scaled.quantized_once(other, quantize) == "q2"
+    assert scaled.quantized_once(torch.rand(5, 4), quantize) is None  # not an r * X
+    del x, first, again, other
+    assert scaled.quantized_once(torch.rand(5, 4), quantize) is None
+    assert not scaled._copies  # a copy dies with its X
 
 
 def test_a_session_entered_again_keeps_its_stream_and_its_int8_features() -> None:
