@@ -60,7 +60,7 @@ class RowScaled:
         self._records: dict[int, tuple[Any, Any, torch.Tensor, tuple[int, int, int]]] = {}
         # id(X) -> (X held weakly, its version, r, quantization of r * X)
         self._copies: dict[int, tuple[Any, int, torch.Tensor, Any]] = {}
-        self.used = 0  # dense products that took X and scaled their rows
+        self.used = 0  # products that took X (dense) or r * X's int8 copy (SpMM)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -77,15 +77,8 @@ class RowScaled:
         return out
 
     def _remember(self, out: torch.Tensor, x: torch.Tensor, r: torch.Tensor) -> None:
-        key = id(out)
-
-        def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
-            record = self._records.get(key)
-            if record is not None and record[0] is ref:
-                del self._records[key]
-
         versions = (out._version, x._version, r._version)
-        self._records[key] = (weakref.ref(out, forget), weakref.ref(x), r, versions)
+        self._records[id(out)] = (_entry_ref(self._records, out), weakref.ref(x), r, versions)
 
     def quantized_once(self, y: torch.Tensor, quantize: Callable[[torch.Tensor], Q]) -> Q | None:
         """``quantize(y)`` for a remembered ``y = r * X``, made once per ``X`` (unchanged)
@@ -94,8 +87,7 @@ class RowScaled:
         if source is None:
             return None
         x, r = source
-        key = id(x)
-        copy = self._copies.get(key)
+        copy = self._copies.get(id(x))
         if (
             copy is not None
             and copy[0]() is x
@@ -104,14 +96,8 @@ class RowScaled:
             and torch.equal(copy[2], r)
         ):
             return copy[3]
-
-        def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
-            entry = self._copies.get(key)
-            if entry is not None and entry[0] is ref:
-                del self._copies[key]
-
         value = quantize(y)
-        self._copies[key] = (weakref.ref(x, forget), x._version, r.clone(), value)
+        self._copies[id(x)] = (_entry_ref(self._copies, x), x._version, r.clone(), value)
         return value
 
     def source(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -124,3 +110,16 @@ class RowScaled:
         if x is None or (y._version, x._version, r._version) != record[3]:
             return None
         return x, r
+
+
+def _entry_ref(table: dict[int, Any], key_tensor: torch.Tensor) -> weakref.ReferenceType[Any]:
+    """A weak reference to the tensor ``table`` keys an entry by (``id``, the entry's first
+    field); the entry is dropped when the tensor dies, unless a newer one took its id."""
+    key = id(key_tensor)
+
+    def forget(ref: weakref.ReferenceType[Any]) -> None:
+        entry = table.get(key)
+        if entry is not None and entry[0] is ref:
+            del table[key]
+
+    return weakref.ref(key_tensor, forget)
