@@ -468,7 +468,8 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     with (
         process_group(cfg.backend, rank, world, cfg.timeout_s),
-        prepared(recipe, device) as (dataset, graph, model, device),
+        # partitioning takes the loaded graph: DGL's METIS needs int64 ids
+        prepared(recipe, device, compact=False) as (dataset, graph, model, device),
     ):
         # collectives move tensors of the worker's device (nccl: its GPU)
         parts = torch.empty(graph.num_nodes(), dtype=torch.int64, device=device)

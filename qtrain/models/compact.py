@@ -86,7 +86,7 @@ class CompactIndex:
         )
         self._dst_pairs = (dst.to(device), etype, graph.num_dst_nodes(), relations)
         self.to_dst = dgl.heterograph(
-            {("pair", "to", "node"): (self.src.of_edge.to(src.device), dst)},
+            {("pair", "to", "node"): (self.src.of_edge.to(src.device, dst.dtype), dst)},
             num_nodes_dict={"pair": len(self.src), "node": graph.num_dst_nodes()},
             device=src.device,
         )
