@@ -10,10 +10,11 @@ softmaxes save FP32 (their backward exponentiates what they save). BatchNorm inp
 are quantized but never projected; parameters and the step's inputs are
 never compressed (the activation meter passes them by reference; in a
 user's own loop under ``qtrain.patch``, leaves that require grad and views of
-them are passed). With a projection, dense products by a parameter
-(``nn.Linear``, ``matmul``, ``addmm``) take their weight gradient from the
-projected rows instead of projecting them back (``qtrain.plugins.exact.projected``),
-unless tango, which quantizes those products itself, is active.
+them are passed). Dense products by a parameter (``nn.Linear``, ``matmul``,
+``addmm``) take their weight gradient from the stored form without rebuilding
+the input (``qtrain.plugins.exact.projected``): with a projection from the
+projected rows, without one from the quantized rows a block at a time; unless
+tango, which quantizes those products itself, is active.
 
 Inside ``qtrain run`` it works through the trainer's saved-tensor hooks (the
 activation meter), so it composes with mini-batch training and with
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from qtrain.plugins.exact.compressed import CompressingCodec
-from qtrain.plugins.exact.projected import projected_product
+from qtrain.plugins.exact.projected import projected_product, row_blocked_product
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from qtrain.config import option
@@ -126,8 +127,10 @@ class ExactPlugin(Plugin):
         self.masked_calls: dict[str, int] = {}
         self.fp32_calls: dict[str, int] = {}
         self.projected_products = 0
+        self.row_blocked_products = 0
         # tango quantizes the dense products itself and saves int8 operands
-        self.projects_products = config.rp_ratio > 1 and "tango" not in context.plugins
+        self.routes_products = "tango" not in context.plugins
+        self.projects_products = config.rp_ratio > 1 and self.routes_products
         model = context.model
         self._parameter_keys = (
             {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
@@ -145,7 +148,7 @@ class ExactPlugin(Plugin):
         handle = torch.nn.modules.module.register_module_forward_pre_hook(self._note_batchnorm)
         self._stack.callback(handle.remove)
         patcher.functions({**_MASKED, **_FP32}, self._on_function)
-        if self.projects_products:
+        if self.routes_products:
             patcher.dense(self._on_dense)
         # qtrain's own models draw dropout keyed by node id (qtrain.models.dropout)
         self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
@@ -172,6 +175,7 @@ class ExactPlugin(Plugin):
             "fp32_calls": dict(self.fp32_calls),  # losses and softmaxes, saved uncompressed
             # weight gradients taken from the projected rows (qtrain.plugins.exact.projected)
             "projected_products": self.projected_products,
+            "row_blocked_products": self.row_blocked_products,
             "compressed_bytes_in": codec.original_bytes,
             "compressed_bytes_out": codec.stored_bytes,
             "compression_ratio": ratio,
@@ -230,9 +234,14 @@ class ExactPlugin(Plugin):
     def _on_dense(self, kind: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         plan = dense_operands(kind, args, kwargs) if torch.is_grad_enabled() else None
         if plan is not None and plan.x.requires_grad and _is_parameter(plan.w):
-            out = projected_product(self.codec, plan.x, plan.w, plan.bias, plan.linear)
+            if self.projects_products:
+                out = projected_product(self.codec, plan.x, plan.w, plan.bias, plan.linear)
+                if out is not None:
+                    self.projected_products += 1
+                    return out
+            out = row_blocked_product(self.codec, plan.x, plan.w, plan.bias, plan.linear)
             if out is not None:
-                self.projected_products += 1
+                self.row_blocked_products += 1
                 return out
         return func(*args, **kwargs)
 

@@ -48,6 +48,7 @@ from qtrain.quant.projection import projected_width
 MIN_NUMEL = 256
 MIN_ROW = 8
 BLOCK = 64
+GRAD_BLOCK_BYTES = 8 << 20  # rows dequantized at a time for a weight gradient (float32 bytes)
 
 
 @dataclass
@@ -241,6 +242,48 @@ class CompressingCodec:
         return compress.rademacher(
             width, k, self.seed, offset, self.backend, device=stored.packed.device
         )
+
+    # -- the row-blocked product (qtrain.plugins.exact.projected) -----------------------
+
+    def encode_rows(self, x: torch.Tensor) -> CompressedTensor | None:
+        """``x`` [rows, width] stored as quantized rows, unprojected (as :meth:`encode` would
+        store it), or None where :meth:`encode` would store it otherwise."""
+        if (
+            self._suspended
+            or x.dim() != 2
+            or x.numel() < MIN_NUMEL
+            or x.shape[1] < MIN_ROW
+            or x.layout != torch.strided
+            or x.dtype != torch.float32
+            or self._projected_width(x, x.shape[1]) is not None
+        ):
+            return None
+        stored = self.encode(x)
+        if isinstance(stored, CompressedTensor) and not stored.projection and not stored.blocked:
+            return stored
+        return None
+
+    def weight_grad_rows(
+        self, stored: CompressedTensor, grad: torch.Tensor, linear: bool
+    ) -> torch.Tensor:
+        """``x^T grad`` ([width, out]; ``linear``: ``grad^T x``, [out, width]) for the rows
+        ``stored`` holds, dequantized a block of rows at a time: the full-size ``x`` is
+        never rebuilt (it would be the largest tensor of its layer's backward)."""
+        rows, width = stored.shape
+        step = max(8, GRAD_BLOCK_BYTES // (4 * width) // 8 * 8)  # 8 rows: whole bytes
+        total: torch.Tensor | None = None
+        for a in range(0, rows, step):
+            b = min(rows, a + step)
+            packed = stored.packed[a * width * stored.bits // 8 : -(-b * width * stored.bits // 8)]
+            x = compress.dequantize_rows(
+                packed, stored.zero[a:b], stored.rng[a:b], stored.bits, width, self.backend
+            )
+            part = grad[a:b].t() @ x if linear else x.t() @ grad[a:b]
+            total = part if total is None else total.add_(part)
+        if total is None:  # no rows
+            shape = (grad.shape[1], width) if linear else (width, grad.shape[1])
+            return grad.new_zeros(shape)
+        return total
 
     # -- helpers -------------------------------------------------------------
 

@@ -1,4 +1,7 @@
-"""Dense products whose saved input is randomly projected (exact-iclr22 section 3.2).
+"""Dense products whose backward reads the saved input's stored form without rebuilding it.
+
+Projected (exact-iclr22 section 3.2), below; and unprojected, at the end
+(:class:`RowBlockedProduct`): the weight gradient summed over blocks of stored rows.
 
 EXACT stores ``y = Q(x R)`` (``R`` the ``[d, k]`` normalized Rademacher
 matrix) for a product ``x @ W`` and, in backward, rebuilds ``x^ = y R^T`` for
@@ -88,3 +91,54 @@ def projected_product(
     if stored is None:
         return None
     return ProjectedProduct.apply(x, w, bias, codec, stored, linear)
+
+
+class RowBlockedProduct(torch.autograd.Function):
+    """``x @ w (+ bias)`` (``linear``: ``x @ w^T (+ bias)``) for a parameter ``w``, whose
+    weight gradient is summed over blocks of ``x``'s stored rows, each dequantized in turn.
+
+    Unpacking ``x`` for torch's own backward would rebuild it whole: a [rows, width]
+    float32 tensor alive beside the layer's gradients, at the peak of a full-graph
+    backward. The gradient is the same sum over rows, in a different order.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: torch.Tensor | None,
+        codec: CompressingCodec,
+        stored: CompressedTensor,
+        linear: bool,
+    ) -> torch.Tensor:
+        # the same forward, and x saved the same way (its stored form, never unpacked)
+        return ProjectedProduct.forward(ctx, x, w, bias, codec, stored, linear)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        w: torch.Tensor = ctx.w
+        grad_x = grad_w = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ w if ctx.linear else grad @ w.t()
+        if ctx.needs_input_grad[1]:
+            grad_w = ctx.codec.weight_grad_rows(ctx.stored, grad, ctx.linear)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_w, grad_bias, None, None, None
+
+
+def row_blocked_product(
+    codec: CompressingCodec,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    linear: bool,
+) -> torch.Tensor | None:
+    """The product through :class:`RowBlockedProduct`, or None where the codec would not
+    store ``x`` as unprojected quantized rows. Only under the ``exact`` plugin's
+    saved-tensor hooks, as :func:`projected_product`."""
+    stored = codec.encode_rows(x)
+    if stored is None:
+        return None
+    return RowBlockedProduct.apply(x, w, bias, codec, stored, linear)
