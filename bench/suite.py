@@ -98,7 +98,7 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         Job("exact.py", ("--warmup", "1", "--repeat", "5", "--memory-steps", "2")),
         Job("exact_ops.py", ("--repeat", "7")),
         # SAGE 3 x 128 full graph on synthetic-products, its ids int32 and its layers
-        # lean (since 2026-11-28): FP32 passes 16 GiB, exact INT2 peaks at 9.2 GiB; a
+        # lean (since 2026-11-28): FP32 passes 16 GiB, exact INT2 peaks at 8.2 GiB; a
         # 12 GiB budget asks whether the step fits; about 3 minutes
         Job("exact_capacity.py", ("--budget-gib", "12", "--hidden", "128")),
         # 4 workers on synthetic-arxiv, GCN and SAGE, one seed of 10 epochs (about 6 minutes);

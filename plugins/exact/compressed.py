@@ -215,15 +215,7 @@ class CompressingCodec:
     def encode_projected(self, x: torch.Tensor) -> CompressedTensor | None:
         """``x`` [rows, width] stored projected (as :meth:`encode` would store it), or None
         where :meth:`encode` would not project it."""
-        if (
-            self._suspended
-            or x.dim() != 2
-            or x.numel() < MIN_NUMEL
-            or x.shape[1] < MIN_ROW
-            or x.layout != torch.strided
-            or x.dtype != torch.float32
-            or self._projected_width(x, x.shape[1]) is None
-        ):
+        if not self._stores_rows(x) or self._projected_width(x, x.shape[1]) is None:
             return None
         stored = self.encode(x)
         return stored if isinstance(stored, CompressedTensor) and stored.projection else None
@@ -248,15 +240,7 @@ class CompressingCodec:
     def encode_rows(self, x: torch.Tensor) -> CompressedTensor | None:
         """``x`` [rows, width] stored as quantized rows, unprojected (as :meth:`encode` would
         store it), or None where :meth:`encode` would store it otherwise."""
-        if (
-            self._suspended
-            or x.dim() != 2
-            or x.numel() < MIN_NUMEL
-            or x.shape[1] < MIN_ROW
-            or x.layout != torch.strided
-            or x.dtype != torch.float32
-            or self._projected_width(x, x.shape[1]) is not None
-        ):
+        if not self._stores_rows(x) or self._projected_width(x, x.shape[1]) is not None:
             return None
         stored = self.encode(x)
         if isinstance(stored, CompressedTensor) and not stored.projection and not stored.blocked:
@@ -286,6 +270,18 @@ class CompressingCodec:
         return total
 
     # -- helpers -------------------------------------------------------------
+
+    def _stores_rows(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`encode` would store ``x`` as whole float32 rows (2-d, wide
+        enough, not while suspended): what a product's backward can read in place."""
+        return (
+            not self._suspended
+            and x.dim() == 2
+            and x.numel() >= MIN_NUMEL
+            and x.shape[1] >= MIN_ROW
+            and x.layout == torch.strided
+            and x.dtype == torch.float32
+        )
 
     def _forget(self, key: tuple) -> Callable[[weakref.ref], None]:
         seen = self._seen

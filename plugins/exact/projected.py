@@ -1,7 +1,7 @@
 """Dense products whose backward reads the saved input's stored form without rebuilding it.
 
-Projected (exact-iclr22 section 3.2), below; and unprojected, at the end
-(:class:`RowBlockedProduct`): the weight gradient summed over blocks of stored rows.
+Projected (exact-iclr22 section 3.2), as below; and unprojected, where the weight
+gradient is summed over blocks of the stored rows, each dequantized in turn.
 
 EXACT stores ``y = Q(x R)`` (``R`` the ``[d, k]`` normalized Rademacher
 matrix) for a product ``x @ W`` and, in backward, rebuilds ``x^ = y R^T`` for
@@ -28,9 +28,15 @@ import torch.nn.functional as F
 from qtrain.plugins.exact.compressed import CompressedTensor, CompressingCodec
 
 
-class ProjectedProduct(torch.autograd.Function):
+class StoredInputProduct(torch.autograd.Function):
     """``x @ w (+ bias)`` (``linear``: ``x @ w^T (+ bias)``) for a parameter ``w``, whose
-    backward reads ``x``'s projected stored form."""
+    backward reads ``x``'s stored form and never rebuilds ``x``: from the projected rows
+    (``R (y^T g)``) or, unprojected, from the quantized rows a block at a time.
+
+    Unpacking ``x`` for torch's own backward would rebuild it whole: a [rows, width]
+    float32 tensor alive beside the layer's gradients, at the peak of a full-graph
+    backward (and, projected, a product k/d the size would be d columns wide).
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -52,24 +58,32 @@ class ProjectedProduct(torch.autograd.Function):
         # Saved like any activation, so the hooks in force (the activation meter,
         # or the exact plugin's own) replace x by the codec's stored form, the
         # very object backward reads, and count it once however many ops save x.
-        # Backward never unpacks it: that would project it back to full width.
+        # Backward never unpacks it.
         ctx.save_for_backward(x)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        codec: CompressingCodec = ctx.codec
         w: torch.Tensor = ctx.w
         grad_x = grad_w = grad_bias = None
         if ctx.needs_input_grad[0]:
             grad_x = grad @ w if ctx.linear else grad @ w.t()
         if ctx.needs_input_grad[1]:
-            y = codec.projected_rows(ctx.stored)  # [rows, k]
-            r = codec.projection_matrix(ctx.stored)  # [d, k]
-            grad_w = (grad.t() @ y) @ r.t() if ctx.linear else r @ (y.t() @ grad)
+            grad_w = _weight_grad(ctx.codec, ctx.stored, grad, ctx.linear)
         if ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_w, grad_bias, None, None, None
+
+
+def _weight_grad(
+    codec: CompressingCodec, stored: CompressedTensor, grad: torch.Tensor, linear: bool
+) -> torch.Tensor:
+    """``x^T grad`` (``linear``: ``grad^T x``) from ``x``'s stored form."""
+    if stored.projection is None:
+        return codec.weight_grad_rows(stored, grad, linear)
+    y = codec.projected_rows(stored)  # [rows, k]
+    r = codec.projection_matrix(stored)  # [d, k]
+    return (grad.t() @ y) @ r.t() if linear else r @ (y.t() @ grad)
 
 
 def projected_product(
@@ -79,53 +93,17 @@ def projected_product(
     bias: torch.Tensor | None,
     linear: bool,
 ) -> torch.Tensor | None:
-    """The product through :class:`ProjectedProduct`, or None where the codec would not
-    project ``x`` (narrow rows, BatchNorm inputs, tensors that need no gradient).
+    """The product through :class:`StoredInputProduct` with ``x`` stored projected, or None
+    where the codec would not project ``x`` (narrow rows, BatchNorm inputs, tensors that
+    need no gradient).
 
     Only for use under saved-tensor hooks that apply ``codec`` (the ``exact``
     plugin's): without them autograd would keep ``x`` itself as well.
     """
-    if x.dim() != 2:
-        return None
     stored = codec.encode_projected(x)
     if stored is None:
         return None
-    return ProjectedProduct.apply(x, w, bias, codec, stored, linear)
-
-
-class RowBlockedProduct(torch.autograd.Function):
-    """``x @ w (+ bias)`` (``linear``: ``x @ w^T (+ bias)``) for a parameter ``w``, whose
-    weight gradient is summed over blocks of ``x``'s stored rows, each dequantized in turn.
-
-    Unpacking ``x`` for torch's own backward would rebuild it whole: a [rows, width]
-    float32 tensor alive beside the layer's gradients, at the peak of a full-graph
-    backward. The gradient is the same sum over rows, in a different order.
-    """
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        x: torch.Tensor,
-        w: torch.Tensor,
-        bias: torch.Tensor | None,
-        codec: CompressingCodec,
-        stored: CompressedTensor,
-        linear: bool,
-    ) -> torch.Tensor:
-        # the same forward, and x saved the same way (its stored form, never unpacked)
-        return ProjectedProduct.forward(ctx, x, w, bias, codec, stored, linear)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        w: torch.Tensor = ctx.w
-        grad_x = grad_w = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_x = grad @ w if ctx.linear else grad @ w.t()
-        if ctx.needs_input_grad[1]:
-            grad_w = ctx.codec.weight_grad_rows(ctx.stored, grad, ctx.linear)
-        if ctx.needs_input_grad[2]:
-            grad_bias = grad.sum(0)
-        return grad_x, grad_w, grad_bias, None, None, None
+    return StoredInputProduct.apply(x, w, bias, codec, stored, linear)
 
 
 def row_blocked_product(
@@ -135,10 +113,10 @@ def row_blocked_product(
     bias: torch.Tensor | None,
     linear: bool,
 ) -> torch.Tensor | None:
-    """The product through :class:`RowBlockedProduct`, or None where the codec would not
-    store ``x`` as unprojected quantized rows. Only under the ``exact`` plugin's
-    saved-tensor hooks, as :func:`projected_product`."""
+    """The product through :class:`StoredInputProduct` with ``x`` stored as unprojected
+    quantized rows, or None where the codec would store ``x`` otherwise. Only under the
+    ``exact`` plugin's saved-tensor hooks, as :func:`projected_product`."""
     stored = codec.encode_rows(x)
     if stored is None:
         return None
-    return RowBlockedProduct.apply(x, w, bias, codec, stored, linear)
+    return StoredInputProduct.apply(x, w, bias, codec, stored, linear)
