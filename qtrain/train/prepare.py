@@ -105,24 +105,18 @@ INT32_LIMIT = 2**31 - 1  # node and edge ids must fit int32 for DGL's int32 grap
 
 
 def as_int32(graph: Any) -> Any:
-    """``graph`` with int32 ids when its node and edge counts fit them (half the bytes of
-    every index array); otherwise as it is."""
+    """``graph`` with int32 ids when its node and edge counts fit them; otherwise as it is.
+
+    What a full-graph run holds. A loaded graph is a COO of int64 ids; a full-graph
+    step makes DGL add the CSC (aggregation) and the CSR (its backward) beside it, all
+    three in int64: 5.6 GiB of structure on synthetic-products (123.7 M edges), 2.8 GiB
+    in int32. The COO stays: qtrain's own kernels (tango, the device route) key their
+    CSR on its arrays, and DGL derives a fresh COO on every call from a graph that
+    holds only a CSR. Node and edge data are shared, not copied.
+    """
     if graph.idtype == torch.int64 and max(graph.num_nodes(), graph.num_edges()) <= INT32_LIMIT:
         return graph.int()
     return graph
-
-
-def full_graph_structure(graph: Any) -> Any:
-    """``graph`` as a full-graph run holds it: with int32 ids when they fit.
-
-    A loaded graph is a COO of int64 ids; a full-graph step makes DGL add the CSC
-    (aggregation) and the CSR (its backward) beside it, all three in int64: 5.6 GiB of
-    structure on synthetic-products (123.7 M edges), 2.8 GiB in int32. The COO stays:
-    qtrain's own kernels (tango, the device route) key their CSR on its arrays, and
-    DGL derives a fresh COO on every call from a graph that holds only a CSR. Node and
-    edge data are shared, not copied.
-    """
-    return as_int32(graph)
 
 
 def uses_route(graph_kernels: str, device: torch.device) -> bool:
@@ -139,8 +133,8 @@ def prepared(
     Yields ``(dataset, graph, model, device)`` with the graph through
     ``model.prepare_graph`` and the model on the device (``train.device``, unless
     ``device`` overrides it: a distributed worker's own GPU) and, for a full-graph run
-    unless ``compact`` is false, through ``full_graph_structure`` (the dataset then
-    holds int32 ids too); qtrain's device route is enabled for the device when
+    unless ``compact`` is false, made from the dataset's graph with int32 ids
+    (``as_int32``); qtrain's device route is enabled for the device when
     ``train.graph_kernels`` says so; thread counts are restored and the route disabled
     afterwards.
     """
@@ -161,15 +155,9 @@ def prepared(
         model = build_model(recipe.model, dataset)
         check_mode(recipe, model)
         if train.mode == "full" and compact:
-            # int32 first: the int64 COO is freed as soon as nothing holds it
+            # before the model's own graph is made from it: nothing keeps the int64 ids
             dataset.graph = as_int32(dataset.graph)
-            graph = model.prepare_graph(dataset.graph)
-            unchanged = graph is dataset.graph
-            graph = full_graph_structure(graph)
-            if unchanged:  # one structure, not a COO beside it
-                dataset.graph = graph
-        else:
-            graph = model.prepare_graph(dataset.graph)
+        graph = model.prepare_graph(dataset.graph)
         if uses_route(train.graph_kernels, device):
             route.enable(device)  # before any plugin: plugins wrap the route's primitives
             stack.callback(route.disable)

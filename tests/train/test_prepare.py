@@ -12,7 +12,7 @@ from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import Recipe, build_recipe
 from qtrain.train import prepare
 from qtrain.train.loop import Trainer
-from qtrain.train.prepare import full_graph_structure, prepared
+from qtrain.train.prepare import as_int32, prepared
 
 
 def small_recipe(model: str, mode: str = "full", plugins: tuple[str, ...] = ()) -> Recipe:
@@ -55,7 +55,6 @@ def test_full_graph_training_is_the_same_on_the_compact_graph(
     recipe = small_recipe(model, plugins=plugins)
     compact, graph = losses(recipe)
     assert graph.idtype == torch.int32
-    monkeypatch.setattr(prepare, "full_graph_structure", lambda g: g)
     monkeypatch.setattr(prepare, "as_int32", lambda g: g)
     loaded, graph = losses(recipe)
     assert graph.idtype == torch.int64
@@ -67,9 +66,9 @@ def test_ids_that_do_not_fit_int32_stay_int64(monkeypatch: pytest.MonkeyPatch) -
 
     graph = dgl.graph(([0, 1, 2, 3], [1, 2, 3, 0]), num_nodes=5)
     monkeypatch.setattr(prepare, "INT32_LIMIT", 4)  # 5 nodes: more than "fit"
-    assert full_graph_structure(graph).idtype == torch.int64
+    assert as_int32(graph) is graph
     monkeypatch.setattr(prepare, "INT32_LIMIT", 5)
-    assert full_graph_structure(graph).idtype == torch.int32
+    assert as_int32(graph).idtype == torch.int32
 
 
 def test_minibatch_runs_keep_the_loaded_graph() -> None:
