@@ -89,10 +89,14 @@ class GNNModel(nn.Module):
     def forward(self, graph_or_blocks: Any, x: torch.Tensor) -> torch.Tensor:
         """Logits for the destination nodes: one graph for all layers, or one block per layer."""
         graphs = self._graphs(graph_or_blocks)
-        h = self.encode(x)
+        # Each layer's input is handed over with no reference left in this frame, so a
+        # layer step frees it once its dropout has read it, unless autograd saved it:
+        # under exact, which saves masks, that is one [nodes, width] tensor fewer at the
+        # forward's peak.
+        carried = [self.encode(x)]
         for i, graph in enumerate(graphs):
-            h = self.layer_step(i, graph, h)
-        return self.decode(h)
+            carried.append(self.layer_step(i, graph, carried.pop()))
+        return self.decode(carried.pop())
 
     def _graphs(self, graph_or_blocks: Any) -> Sequence[Any]:
         if isinstance(graph_or_blocks, list | tuple):

@@ -190,3 +190,29 @@ def test_unknown_option_names_the_key(dataset: NodeDataset) -> None:
         make("gcn", dataset, heads=2)
     with pytest.raises(RecipeError, match=r"model\.aggregator = 'max' is not allowed"):
         make("sage", dataset, aggregator="max")
+
+
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+@pytest.mark.parametrize("plugins", [[], ["exact"]])
+def test_a_layers_input_is_freed_once_nothing_saved_it(
+    name: str, plugins: list[str], dataset: NodeDataset
+) -> None:
+    """The forward hands each layer its input without keeping a reference: under exact
+    (ReLU and dropout save 1-bit masks) the previous layer's output is freed before the
+    next convolution runs; without it, ReLU saved its output, which stays."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    import qtrain
+
+    model = make(name, dataset, layers=3, dropout=0.5)
+    graph = model.prepare_graph(dataset.graph)
+    seen: list[StorageWeakRef] = []
+    alive_at_conv: list[bool] = []
+    model.dropout.register_forward_pre_hook(
+        lambda m, a: seen.append(StorageWeakRef(a[0].untyped_storage()))
+    )
+    for conv in list(model.layers)[1:]:
+        conv.register_forward_pre_hook(lambda m, a: alive_at_conv.append(not seen[-1].expired()))
+    with qtrain.patch({"plugin": plugins}):
+        model(graph, graph.ndata["feat"]).sum().backward()
+    assert alive_at_conv == [not plugins] * 2

@@ -1,0 +1,126 @@
+"""Units of equal work over a CSR matrix, for sparse kernels on power-law graphs.
+
+A kernel that gives each row to one unit of work (a thread, a warp) waits on its
+largest row: on a power-law graph a hub has thousands of times the mean degree.
+The merge path (Merrill and Garland, "Merge-based parallel sparse matrix-vector
+multiplication", SC16) balances by work instead: it walks the rows' ends and the
+entries as one sequence of ``rows + nnz`` items (an entry gathers and adds an input
+row; a row's end writes an output row) and cuts it into units of
+``items_per_unit`` consecutive items. Every unit but the last has exactly that
+much work, whatever the degrees; a hub row is split across units.
+
+The cut points are found with one ``searchsorted`` on the device that holds
+``indptr`` (no host sync), so a partition can be built where the CSR is built
+and kept with it. This module is the host-visible definition the kernels follow
+and the CPU tests check; :func:`reference_spmm_by_units` is the order in which a
+kernel over these units adds a split row's pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class WorkPartition:
+    """Unit ``u`` owns the items ``[u * items_per_unit, (u + 1) * items_per_unit)`` of the
+    merge path: the entries ``entry_start[u] .. entry_start[u + 1]`` and the ends of the
+    rows ``row_start[u] .. row_start[u + 1]``. It touches the rows ``row_start[u]`` through
+    ``row_start[u + 1]`` (the last only where it holds some of that row's entries)."""
+
+    row_start: torch.Tensor  # [units + 1] int64, non-decreasing, 0 .. rows
+    entry_start: torch.Tensor  # [units + 1] int64, non-decreasing, 0 .. nnz
+    items_per_unit: int
+
+    @property
+    def units(self) -> int:
+        return self.row_start.numel() - 1
+
+    def work(self) -> torch.Tensor:
+        """Items (entries plus row ends) of every unit: ``items_per_unit`` except the last."""
+        return (self.row_start[1:] - self.row_start[:-1]) + (
+            self.entry_start[1:] - self.entry_start[:-1]
+        )
+
+
+def merge_path_partition(indptr: torch.Tensor, nnz: int, items_per_unit: int) -> WorkPartition:
+    """Cut the merge path of a CSR with ``indptr`` (``nnz`` entries: the caller's
+    ``indices.numel()``, so nothing is read back from the device) into units of
+    ``items_per_unit`` items. ``indptr`` is assumed valid (0 .. nnz, non-decreasing):
+    the kernels check it as they read it."""
+    if indptr.dim() != 1 or indptr.numel() < 1:
+        raise ValueError(f"indptr must be 1-d with at least one element, got {tuple(indptr.shape)}")
+    if indptr.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"indptr must be int32 or int64, got {indptr.dtype}")
+    if items_per_unit < 1:
+        raise ValueError(f"items_per_unit must be at least 1, got {items_per_unit}")
+    if nnz < 0:
+        raise ValueError(f"nnz must be non-negative, got {nnz}")
+    rows = indptr.numel() - 1
+    device = indptr.device
+    total = rows + nnz
+    units = max(1, -(-total // items_per_unit))
+    # the end of row r is item indptr[r + 1] + r (its entries and the earlier ends before it)
+    row_ends = indptr[1:].to(torch.int64) + torch.arange(rows, dtype=torch.int64, device=device)
+    diagonals = torch.clamp(
+        torch.arange(units + 1, dtype=torch.int64, device=device) * items_per_unit, max=total
+    )
+    # rows ended before a cut = row ends at items before it
+    row_start = torch.searchsorted(row_ends, diagonals, side="left")
+    return WorkPartition(
+        row_start=row_start, entry_start=diagonals - row_start, items_per_unit=items_per_unit
+    )
+
+
+def row_partition(indptr: torch.Tensor, rows_per_unit: int) -> WorkPartition:
+    """The partition that the merge path replaces, for comparison: ``rows_per_unit``
+    whole rows a unit, whatever their degrees."""
+    if rows_per_unit < 1:
+        raise ValueError(f"rows_per_unit must be at least 1, got {rows_per_unit}")
+    rows = indptr.numel() - 1
+    units = max(1, -(-rows // rows_per_unit))
+    row_start = torch.clamp(
+        torch.arange(units + 1, dtype=torch.int64, device=indptr.device) * rows_per_unit, max=rows
+    )
+    return WorkPartition(
+        row_start=row_start,
+        entry_start=indptr.to(torch.int64)[row_start],
+        items_per_unit=rows_per_unit,
+    )
+
+
+def reference_spmm_by_units(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    x: torch.Tensor,
+    partition: WorkPartition,
+    weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out[r] = sum_k weight[k] * x[indices[k]]`` over row r's entries, computed the way
+    a kernel over ``partition`` computes it: each unit sums its piece of each row it
+    touches in entry order; the unit where a row begins writes its piece, and the pieces
+    of later units are added to it in unit order. A row inside one unit is summed in
+    entry order, as a row-parallel kernel sums it. Integer ``x`` sums exactly (int64)."""
+    rows = indptr.numel() - 1
+    ptr = indptr.to(torch.int64).tolist()
+    cols = indices.to(torch.int64)
+    acc_dtype = torch.int64 if not x.is_floating_point() else torch.float32
+    out = torch.zeros((rows, *x.shape[1:]), dtype=acc_dtype, device=x.device)
+    starts = partition.row_start.tolist()
+    entries = partition.entry_start.tolist()
+    for u in range(partition.units):
+        lo_entry, hi_entry = entries[u], entries[u + 1]
+        for r in range(starts[u], min(starts[u + 1], rows - 1) + 1):
+            lo, hi = max(ptr[r], lo_entry), min(ptr[r + 1], hi_entry)
+            if lo >= hi:
+                continue
+            gathered = x[cols[lo:hi]].to(acc_dtype)
+            if weight is not None:
+                gathered = gathered * weight[lo:hi].reshape(-1, *([1] * (x.dim() - 1)))
+            piece = gathered[0].clone()
+            for k in range(1, hi - lo):
+                piece += gathered[k]
+            out[r] += piece  # the first piece lands on zeros: exact
+    return out
