@@ -97,9 +97,9 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         Job("crossover.py", ("--repeat", "20", "--warmup", "3")),
         Job("exact.py", ("--warmup", "1", "--repeat", "5", "--memory-steps", "2")),
         Job("exact_ops.py", ("--repeat", "7")),
-        # SAGE 3 x 128 full graph on synthetic-products, its ids int32 and its layers
-        # lean (since 2026-11-28): FP32 passes 16 GiB, exact INT2 peaks at 8.2 GiB; a
-        # 12 GiB budget asks whether the step fits; about 3 minutes
+        # SAGE 3 x 128 full graph on synthetic-products, two steps each (the second holds
+        # DGL's CSR too): FP32 peaks at 16.1 GiB, exact INT2 at 8.2 GiB (fc34b44); a
+        # 12 GiB budget asks whether the steps fit; about 4 minutes
         Job("exact_capacity.py", ("--budget-gib", "12", "--hidden", "128")),
         # 4 workers on synthetic-arxiv, GCN and SAGE, one seed of 10 epochs (about 6 minutes);
         # bench/README.md's three-seed, 20-epoch figures take `python bench/adaqp.py` half an hour
@@ -129,9 +129,9 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         Job("crossover.py", ("--repeat", "6", "--warmup", "2")),
         Job("exact.py", ("--warmup", "0", "--repeat", "1", "--memory-steps", "1")),
         Job("exact_ops.py", ("--repeat", "3")),
-        # SAGE 3 x 32 full graph on synthetic-products: FP32 peaked at 6.9 GiB, exact INT2
-        # at 5.6 GiB (2.3 GiB of both the loaded graph): a 6.25 GiB budget asks the full
-        # run's question in about a minute
+        # SAGE 3 x 32 full graph on synthetic-products, two steps each: FP32 passed 6.25
+        # GiB, exact INT2 peaked at 5.59 GiB (fc34b44; 2.3 GiB of both the loaded graph):
+        # the 6.25 GiB budget asks the full run's question in about a minute
         Job(
             "exact_capacity.py",
             (
