@@ -32,14 +32,15 @@ class WorkPartition:
 
     row_start: torch.Tensor  # [units + 1] int64, non-decreasing, 0 .. rows
     entry_start: torch.Tensor  # [units + 1] int64, non-decreasing, 0 .. nnz
-    items_per_unit: int
+    items_per_unit: int  # of a row partition: rows per unit
 
     @property
     def units(self) -> int:
         return self.row_start.numel() - 1
 
     def work(self) -> torch.Tensor:
-        """Items (entries plus row ends) of every unit: ``items_per_unit`` except the last."""
+        """Items (entries plus row ends) of every unit (of a merge-path partition:
+        ``items_per_unit`` each but the last)."""
         return (self.row_start[1:] - self.row_start[:-1]) + (
             self.entry_start[1:] - self.entry_start[:-1]
         )
