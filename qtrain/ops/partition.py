@@ -32,15 +32,14 @@ class WorkPartition:
 
     row_start: torch.Tensor  # [units + 1] int64, non-decreasing, 0 .. rows
     entry_start: torch.Tensor  # [units + 1] int64, non-decreasing, 0 .. nnz
-    items_per_unit: int  # of a row partition: rows per unit
+    items_per_unit: int
 
     @property
     def units(self) -> int:
         return self.row_start.numel() - 1
 
     def work(self) -> torch.Tensor:
-        """Items (entries plus row ends) of every unit (of a merge-path partition:
-        ``items_per_unit`` each but the last)."""
+        """Items (entries plus row ends) of every unit: ``items_per_unit`` except the last."""
         return (self.row_start[1:] - self.row_start[:-1]) + (
             self.entry_start[1:] - self.entry_start[:-1]
         )
@@ -72,23 +71,6 @@ def merge_path_partition(indptr: torch.Tensor, nnz: int, items_per_unit: int) ->
     row_start = torch.searchsorted(row_ends, diagonals, side="left")
     return WorkPartition(
         row_start=row_start, entry_start=diagonals - row_start, items_per_unit=items_per_unit
-    )
-
-
-def row_partition(indptr: torch.Tensor, rows_per_unit: int) -> WorkPartition:
-    """The partition that the merge path replaces, for comparison: ``rows_per_unit``
-    whole rows a unit, whatever their degrees."""
-    if rows_per_unit < 1:
-        raise ValueError(f"rows_per_unit must be at least 1, got {rows_per_unit}")
-    rows = indptr.numel() - 1
-    units = max(1, -(-rows // rows_per_unit))
-    row_start = torch.clamp(
-        torch.arange(units + 1, dtype=torch.int64, device=indptr.device) * rows_per_unit, max=rows
-    )
-    return WorkPartition(
-        row_start=row_start,
-        entry_start=indptr.to(torch.int64)[row_start],
-        items_per_unit=rows_per_unit,
     )
 
 

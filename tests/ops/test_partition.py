@@ -13,7 +13,6 @@ from qtrain.ops.partition import (
     WorkPartition,
     merge_path_partition,
     reference_spmm_by_units,
-    row_partition,
 )
 from tests.ops.support import DEVICES
 
@@ -31,6 +30,14 @@ def power_law_csr(opts: SyntheticOptions) -> tuple[torch.Tensor, torch.Tensor]:
     v = torch.from_numpy(np.concatenate([arrays["edge_v"], arrays["edge_u"]]).astype(np.int64))
     csr = build_csr(u, v, opts.nodes, opts.nodes)
     return csr.in_indptr, csr.in_indices
+
+
+def row_partition(indptr: torch.Tensor, rows_per_unit: int) -> WorkPartition:
+    """What the merge path replaces, for comparison: ``rows_per_unit`` whole rows a unit."""
+    rows = indptr.numel() - 1
+    units = max(1, -(-rows // rows_per_unit))
+    row_start = torch.clamp(torch.arange(units + 1) * rows_per_unit, max=rows)
+    return WorkPartition(row_start, indptr.to(torch.int64)[row_start], rows_per_unit)
 
 
 def imbalance(partition: WorkPartition) -> float:
@@ -160,8 +167,3 @@ def test_no_host_sync_needed_for_the_unit_count() -> None:
 def test_bad_arguments(args: tuple, message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         merge_path_partition(*args)
-
-
-def test_row_partition_needs_a_row_per_unit() -> None:
-    with pytest.raises(ValueError, match="rows_per_unit must be at least 1"):
-        row_partition(torch.zeros(3, dtype=torch.int64), 0)
