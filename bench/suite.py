@@ -98,9 +98,16 @@ PROFILES: dict[str, tuple[Job, ...]] = {
         Job("exact.py", ("--warmup", "1", "--repeat", "5", "--memory-steps", "2")),
         Job("exact_ops.py", ("--repeat", "7")),
         # SAGE 3 x 128 full graph on synthetic-products, two steps each (the second holds
-        # DGL's CSR too): FP32 peaks at 16.1 GiB, exact INT2 at 8.2 GiB (fc34b44); a
-        # 12 GiB budget asks whether the steps fit; about 4 minutes
-        Job("exact_capacity.py", ("--budget-gib", "12", "--hidden", "128")),
+        # DGL's CSR too): FP32 peaks at 16.1 GiB, exact INT2 at 8.2 GiB (fc34b44), INT2
+        # with blocked GraphSAGE layers at 7.5 GiB; a 12 GiB budget asks whether the steps
+        # fit; about 6 minutes
+        Job(
+            "exact_capacity.py",
+            (
+                *("--budget-gib", "12", "--hidden", "128"),
+                *("--variants", "fp32", "int2", "rp8-int2", "int2-blocked"),
+            ),
+        ),
         # 4 workers on synthetic-arxiv, GCN and SAGE, one seed of 10 epochs (about 6 minutes);
         # bench/README.md's three-seed, 20-epoch figures take `python bench/adaqp.py` half an hour
         Job("adaqp.py", ("--seeds", "0", "--epochs", "10", "--reassign-period", "5")),

@@ -14,7 +14,10 @@ them are passed). Dense products by a parameter (``nn.Linear``, ``matmul``,
 ``addmm``) take their weight gradient from the stored form without rebuilding
 the input (``qtrain.plugins.exact.projected``): with a projection from the
 projected rows, without one from the quantized rows a block at a time; unless
-tango, which quantizes those products itself, is active.
+tango, which quantizes those products itself, is active. On the same condition
+and with ``blocked_sage = true``, GraphSAGE's mean layer (DGL's ``SAGEConv`` and qtrain's ``LeanSAGEConv``) on a
+whole CPU graph is computed a block of rows at a time, so its aggregation never
+exists whole (``qtrain.plugins.exact.fused_sage``).
 
 Inside ``qtrain run`` it works through the trainer's saved-tensor hooks (the
 activation meter), so it composes with mini-batch training and with
@@ -30,11 +33,14 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from qtrain.plugins.exact import fused_sage
 from qtrain.plugins.exact.compressed import CompressingCodec
 from qtrain.plugins.exact.projected import projected_product, row_blocked_product
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from qtrain._compat import import_dgl
 from qtrain.config import option
+from qtrain.models.lean_sage import lean_sage_conv
 from qtrain.ops import masks
 from qtrain.plugin import (
     Patcher,
@@ -55,6 +61,11 @@ class ExactConfig:
     )
     rounding: Literal["stochastic", "nearest"] = option(
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
+    )
+    blocked_sage: bool = option(
+        False,
+        "compute GraphSAGE mean layers on a whole CPU graph a block of rows at a time "
+        "(one full-size tensor fewer at the peak; slower backward: see the README)",
     )
     backend: Literal["auto", "reference", "ext-cpu"] = option(
         "auto", "kernels to run: the compiled extension when built (auto), or the reference"
@@ -128,6 +139,7 @@ class ExactPlugin(Plugin):
         self.fp32_calls: dict[str, int] = {}
         self.projected_products = 0
         self.row_blocked_products = 0
+        self.blocked_sage_layers = 0
         # tango quantizes the dense products itself and saves int8 operands
         self.routes_products = "tango" not in context.plugins
         self.projects_products = config.rp_ratio > 1 and self.routes_products
@@ -150,6 +162,12 @@ class ExactPlugin(Plugin):
         patcher.functions({**_MASKED, **_FP32}, self._on_function)
         if self.routes_products:
             patcher.dense(self._on_dense)
+        if self.routes_products and self.config.blocked_sage:
+            import_dgl()
+            from dgl.nn import SAGEConv
+
+            for owner in (SAGEConv, lean_sage_conv()):
+                patcher.replace_attribute(owner, "forward", self._sage_forward(owner.forward))
         # qtrain's own models draw dropout keyed by node id (qtrain.models.dropout)
         self._stack.enter_context(masks.packed_dropout_masks(self._count_keyed_dropout))
 
@@ -176,6 +194,8 @@ class ExactPlugin(Plugin):
             # weight gradients taken from the projected rows (qtrain.plugins.exact.projected)
             "projected_products": self.projected_products,
             "row_blocked_products": self.row_blocked_products,
+            # GraphSAGE mean layers computed a block of rows at a time (fused_sage)
+            "blocked_sage_layers": self.blocked_sage_layers,
             "compressed_bytes_in": codec.original_bytes,
             "compressed_bytes_out": codec.stored_bytes,
             "compression_ratio": ratio,
@@ -244,6 +264,18 @@ class ExactPlugin(Plugin):
                 self.row_blocked_products += 1
                 return out
         return func(*args, **kwargs)
+
+    def _sage_forward(self, original: Any) -> Any:
+        """``SAGEConv.forward`` that computes the calls ``fused_sage`` takes a block of rows
+        at a time and hands every other call to ``original``."""
+
+        def forward(module: Any, graph: Any, feat: Any, edge_weight: Any = None) -> Any:
+            if fused_sage.fusable(module, graph, feat, edge_weight):
+                self.blocked_sage_layers += 1
+                return fused_sage.sage_mean(module, graph, feat, self.codec, self.projects_products)
+            return original(module, graph, feat, edge_weight)
+
+        return forward
 
     def _count_keyed_dropout(self) -> None:
         self.masked_calls["dropout"] = self.masked_calls.get("dropout", 0) + 1

@@ -69,13 +69,13 @@ class StoredInputProduct(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = grad @ w if ctx.linear else grad @ w.t()
         if ctx.needs_input_grad[1]:
-            grad_w = _weight_grad(ctx.codec, ctx.stored, grad, ctx.linear)
+            grad_w = weight_grad(ctx.codec, ctx.stored, grad, ctx.linear)
         if ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_x, grad_w, grad_bias, None, None, None
 
 
-def _weight_grad(
+def weight_grad(
     codec: CompressingCodec, stored: CompressedTensor, grad: torch.Tensor, linear: bool
 ) -> torch.Tensor:
     """``x^T grad`` (``linear``: ``grad^T x``) from ``x``'s stored form."""
