@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,21 @@ def require_ext() -> ModuleType:
 
     assert backends.available("ext-cpu"), backends.error("ext-cpu")
     return backends.ext_cpu()
+
+
+@contextmanager
+def codec_hooks(codec: Any) -> Iterator[None]:
+    """The exact plugin's saved-tensor hooks, reduced to ``codec`` (a CompressingCodec)."""
+
+    def pack(t: torch.Tensor) -> Any:
+        stored = codec.encode(t)
+        return t if stored is None else (stored,)
+
+    def unpack(held: Any) -> torch.Tensor:
+        return codec.decode(held[0]) if isinstance(held, tuple) else held
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
 
 
 def varied_rows(rows: int, width: int, seed: int) -> torch.Tensor:

@@ -57,3 +57,20 @@ def test_exact_accuracy_close_to_fp32(example: str, example_runs: ExampleRuns) -
             f"{example}: {name} mean {mean:.2f} is {gap:.2f} points below "
             f"FP32 {fp32:.2f} (seeds {SEEDS}; allowed {tolerance})"
         )
+
+
+@pytest.mark.parametrize("example", ["cora-sage", "citeseer-sage"])
+def test_blocked_sage_layers_keep_exacts_accuracy(example: str, example_runs: ExampleRuns) -> None:
+    """GraphSAGE's mean layers a block of rows at a time (``blocked_sage``; both layers
+    project first on these widths) stay within INT2's 0.5 point of FP32, and really ran."""
+    mean_sage = ['model.aggregator="mean"']
+    blocked = [*mean_sage, *VARIANTS["exact-int2"][0], "quant.exact.blocked_sage=true"]
+    fp32 = example_runs.mean(example, mean_sage)
+    mean = example_runs.mean(example, blocked)
+    print(f"{example} mean fp32: {fp32:.2f}, exact INT2 blocked: {mean:.2f}")
+    for summary in example_runs.summaries(example, blocked):
+        assert summary["plugin_reports"]["exact"]["blocked_sage_layers"] > 0
+    assert fp32 - mean <= 0.5, (
+        f"{example}: exact INT2 with blocked_sage mean {mean:.2f} is {fp32 - mean:.2f} points "
+        f"below FP32 {fp32:.2f} (seeds {SEEDS}; allowed 0.5)"
+    )

@@ -4,13 +4,12 @@ rows, never a second full-size tensor, and DGL's forward wherever it does not ap
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import codec_hooks
 from qtrain.plugins.exact import compressed, fused_sage
 from qtrain.plugins.exact.compressed import CompressingCodec
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,21 +17,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from qtrain._compat import import_dgl
 from qtrain.models.lean_sage import lean_sage_conv
 from qtrain.train.activations import ActivationMeter, installed_codec
-
-
-@contextmanager
-def _hooks(codec: CompressingCodec) -> Iterator[None]:
-    """The exact plugin's saved-tensor hooks, reduced to the codec."""
-
-    def pack(t: torch.Tensor) -> Any:
-        stored = codec.encode(t)
-        return t if stored is None else (stored,)
-
-    def unpack(held: Any) -> torch.Tensor:
-        return codec.decode(held[0]) if isinstance(held, tuple) else held
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield
 
 
 def _graph(nodes: int, seed: int) -> Any:
@@ -85,7 +69,7 @@ def test_output_and_gradients_match_dgls_layer_and_the_stored_rows(
     params = [feat, conv.fc_self.weight, conv.fc_self.bias, conv.fc_neigh.weight]
 
     codec = CompressingCodec(bits, rounding="nearest")  # rows stored alike, blocked or whole
-    with _hooks(codec):
+    with codec_hooks(codec):
         assert fused_sage.fusable(conv, graph, feat, None)
         out = fused_sage.sage_mean(conv, graph, feat, codec, projects=False)
     got = torch.autograd.grad(out, params, grad)
@@ -148,7 +132,7 @@ def test_no_second_full_size_tensor_is_made(monkeypatch: pytest.MonkeyPatch) -> 
                         self.full[storage.data_ptr()] = str(func)
             return out
 
-    with _hooks(codec):
+    with codec_hooks(codec):
         forward = Sizes()
         with forward:
             out = fused_sage.sage_mean(conv, graph, feat, codec, projects=False)

@@ -3,33 +3,17 @@ gradients from the projected rows, or from the quantized rows a block at a time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import codec_hooks
 from qtrain.plugins.exact import compressed
 from qtrain.plugins.exact.compressed import CompressingCodec
 from qtrain.plugins.exact.projected import projected_product, row_blocked_product
 
 from qtrain.train.activations import ActivationMeter, installed_codec
-
-
-@contextmanager
-def _hooks(codec: CompressingCodec) -> Iterator[None]:
-    """The exact plugin's saved-tensor hooks, reduced to the codec."""
-
-    def pack(t: torch.Tensor) -> Any:
-        stored = codec.encode(t)
-        return t if stored is None else (stored,)
-
-    def unpack(held: Any) -> torch.Tensor:
-        return codec.decode(held[0]) if isinstance(held, tuple) else held
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield
 
 
 def _operands(form: str, rows: int, d: int, out: int) -> tuple[Any, ...]:
@@ -61,7 +45,7 @@ def test_weight_gradient_equals_the_unprojected_one_up_to_rounding(
     params = [p for p in (x, w, bias) if p is not None]
     grad = torch.randn(300, 11)
     routed_codec = CompressingCodec(bits, rp_ratio=8, seed=5)
-    with _hooks(routed_codec):
+    with codec_hooks(routed_codec):
         out = projected_product(routed_codec, x, w, bias, form == "linear")
     assert out is not None
     assert torch.equal(out, _product(form, x, w, bias))  # forward is the float product
@@ -183,7 +167,7 @@ def test_weight_gradient_equals_the_one_from_the_rebuilt_input(
     decoded: list[Any] = []
     decode = codec.decode
     monkeypatch.setattr(codec, "decode", lambda s: decoded.append(s) or decode(s))
-    with _hooks(codec):
+    with codec_hooks(codec):
         out = row_blocked_product(codec, x, w, bias, form == "linear")
     assert out is not None
     assert torch.equal(out, _product(form, x, w, bias))  # forward is the float product
