@@ -9,16 +9,20 @@ those are the step's peak: on synthetic-products at width 128, 1.17 GiB each.
 
 Under exact the aggregation is only needed in backward as its compressed rows,
 so it never has to exist whole. Forward here takes the aggregation of one block
-of destination rows (DGL's own kernel over a block made of those rows of DGL's
-in-CSR), adds
-its product into the block's rows of the output, compresses the block and drops
-it. Backward uses ``A^T (g W_n) = (A^T g) W_n``: the transposed aggregation of
-the output gradient, one block of source rows at a time over DGL's out-CSR with
-``1 / in-degree`` as entry values (torch's CSR product: DGL's CPU kernel with
-per-edge scalars is slow), projected and added into the block's rows of the input
-gradient. Both directions hold two full-size tensors and one block.
-The weight gradients come from the stored rows a block at a time
-(``CompressingCodec.weight_grad_rows``, as for every other product under exact).
+of destination rows (DGL's own kernel over a block made of those rows of the
+layer's in-CSR), adds its product into the block's rows of the output,
+compresses the block and drops it. Backward uses ``A^T (g W_n) = (A^T g) W_n``:
+the transposed aggregation of the output gradient, one block of source rows at
+a time over the layer's out-CSR with ``1 / in-degree`` as entry values (torch's
+CSR product: DGL's CPU kernel with per-edge scalars is slow), projected and
+added into the block's rows of the input gradient. Both directions hold two
+full-size tensors and one block. The weight gradients come from the stored rows
+a block at a time (``CompressingCodec.weight_grad_rows``, as for every other
+product under exact). Where ``SAGEConv`` projects first (input wider than
+output), the blocks aggregate ``feat W_n^T`` instead.
+
+The in- and out-CSR are the layer's own (:class:`Adjacency`, without edge ids),
+built once per graph, so DGL never builds its CSC or CSR beside its COO.
 
 The stored blocks go through the saved-tensor hooks in force when the layer runs
 (the activation meter's, or the plugin's own), so the meter counts their stored
@@ -50,7 +54,7 @@ def block_rows(width: int) -> int:
 
 def fusable(module: Any, graph: Any, feat: Any, edge_weight: Any) -> bool:
     """Whether ``module(graph, feat, edge_weight)`` is a call this layer computes: a
-    ``SAGEConv`` with the mean aggregator that aggregates before projecting, on a whole
+    ``SAGEConv`` with the mean aggregator, on a whole
     homogeneous CPU graph with edges (DGL's own kernels, not qtrain's device route), float32
     node rows, no edge weights, under grad mode. Every other call keeps DGL's forward."""
     return (
@@ -77,6 +81,9 @@ def saved_tensor_hooks() -> tuple[Any, Any] | None:
     each is compressed and dropped before the next exists; ``save_for_backward`` would
     pack them only when the forward returns, with all of them alive."""
     return torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+
+_NO_IDS = {dtype: torch.empty(0, dtype=dtype) for dtype in (torch.int32, torch.int64)}
 
 
 def _rows_sum(
@@ -142,29 +149,27 @@ def adjacency(graph: Any) -> Adjacency:
     return built
 
 
-_NO_IDS = {dtype: torch.empty(0, dtype=dtype) for dtype in (torch.int32, torch.int64)}
-
-
-def _rows_product(
+def _rows_scaled_sum(
     indptr: torch.Tensor,
     indices: torch.Tensor,
-    values: torch.Tensor,
+    scale: torch.Tensor,
     start: int,
     stop: int,
-    columns: int,
     x: torch.Tensor,
 ) -> torch.Tensor:
-    """Rows ``start:stop`` of ``A @ x`` for the CSR matrix ``A`` with entry ``values``: torch's
-    CSR product (DGL's CPU kernel with per-edge scalars took 8x its copy form's time)."""
+    """Rows ``start:stop`` of ``A diag(scale) x`` for the 0/1 CSR matrix ``A``: torch's CSR
+    product with ``scale[column]`` as entry values (DGL's CPU kernel with per-edge scalars
+    took 8x its copy form's time)."""
     first, last = int(indptr[start]), int(indptr[stop])
     block_indptr = indptr[start : stop + 1] - indptr[start]
+    values = scale.index_select(0, indices[first:last].long())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
         matrix = torch.sparse_csr_tensor(
             block_indptr,
             indices[first:last],
             values,
-            (stop - start, columns),
+            (stop - start, x.shape[0]),
             check_invariants=False,
         )
         return matrix @ x
@@ -228,10 +233,8 @@ class SageMeanRows(torch.autograd.Function):
             stored = _store(codec, agg, projects)
             blocks.append((start, stop, stored, pack(agg)))  # the hooks count what is kept
         del source
-        # both weight gradients read feat when projecting first; a step's input (no
-        # gradient) is saved as the hooks save it: by reference
-        keeps_rows = ctx.needs_input_grad[0]
-        ctx.stored_feat = _store(codec, feat, projects) if keeps_rows else None
+        # a step's input (no gradient) is saved as the hooks save it: by reference
+        ctx.stored_feat = _store(codec, feat, projects) if ctx.needs_input_grad[0] else None
         ctx.save_for_backward(feat)
         ctx.codec, ctx.project_first = codec, project_first
         ctx.blocks, ctx.unpack = blocks, unpack
@@ -257,10 +260,8 @@ class SageMeanRows(torch.autograd.Function):
             step = block_rows(max(grad.shape[1], w_neigh.shape[1]))
             for start in range(0, nodes, step):
                 stop = min(nodes, start + step)
-                first, last = int(adj.out_indptr[start]), int(adj.out_indptr[stop])
-                values = inv_degrees.index_select(0, adj.out_indices[first:last].long())
-                spread = _rows_product(
-                    adj.out_indptr, adj.out_indices, values, start, stop, nodes, grad
+                spread = _rows_scaled_sum(
+                    adj.out_indptr, adj.out_indices, inv_degrees, start, stop, grad
                 )
                 if grad_feat is not None:
                     grad_feat[start:stop].addmm_(spread, w_neigh)
