@@ -419,6 +419,16 @@ class Plugin:
         raise NotImplementedError(f"plugin {cls.name!r} does not calibrate")
 
     @classmethod
+    def reads_only_in_csr(
+        cls, config: Any, model: torch.nn.Module, plugins: tuple[str, ...], device: torch.device
+    ) -> bool:
+        """Whether, with this plugin active among ``plugins``, every full-graph training
+        step of ``model`` on ``device`` reads the graph only through its in-CSR (DGL's CSC),
+        so the run may hold the graph as nothing else (``qtrain.train.prepare``). Default:
+        no; DGL's own backward reads the CSR, qtrain's kernels the COO."""
+        return False
+
+    @classmethod
     def calibrates(cls) -> bool:
         """Whether this plugin implements :meth:`calibrate`."""
         return cls.calibrate.__func__ is not Plugin.calibrate.__func__  # type: ignore[attr-defined]
@@ -553,6 +563,16 @@ def calibrator(quant: Any) -> tuple[type[Plugin], Any]:
         )
     entry = PLUGINS.get(able[0])
     return entry.factory, entry.parse({}, f"quant.{able[0]}")
+
+
+def reads_only_in_csr(quant: Any, model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether a full-graph run with ``quant``'s plugins reads ``model``'s graph only
+    through its in-CSR: every plugin of the recipe says so (and there is one at least)."""
+    names = tuple(quant.plugins)
+    return bool(names) and all(
+        PLUGINS.get(name).factory.reads_only_in_csr(quant.configs[name], model, names, device)
+        for name in names
+    )
 
 
 def activated(quant: Any, context: PluginContext | None = None) -> PatchSession:

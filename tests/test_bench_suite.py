@@ -663,3 +663,39 @@ def test_every_gemm_direction_is_judged_against_twice_fp32(suite: Any) -> None:
     assert _find(cases, "gemm", "bwd dW=X^T@dY (tn), hidden 128", "FP32")["pass"] is True
     assert "bar" not in _find(cases, "gemm", "fwd X@W nearest, hidden 128", "bf16 autocast")
     assert "bar: quantized product vs FP32 >= 2x: FAIL" in suite.render_table(cases)
+
+
+def test_a_capacity_run_where_fp32_finished_compares_peaks_and_steps(suite: Any) -> None:
+    """Issue 29's bars: exact's peak >= 3x below FP32's, its step within 10% of FP32's."""
+    row = {"outcome": "finished", "steps_finished": 3, "losses": [1.0], "params_finite": True}
+    raw = {
+        "budget_gib": 21.0,
+        "hidden": 128,
+        "layers": 3,
+        "variants": {
+            "fp32": {**row, "max_rss_bytes_polled": int(16 * GIB), "max_hwm_bytes_polled": 0},
+            "int2": {**row, "max_rss_bytes_polled": int(5 * GIB), "max_hwm_bytes_polled": 0},
+        },
+        "comparison": {
+            "int2": {
+                "peak_ratio": 3.2,
+                "step_time_ratio": 1.05,
+                "step_s_median": 35.0,
+                "step_s_iqr": [34.0, 36.0],
+                "fp32_step_s_median": 33.3,
+                "fp32_step_s_iqr": [33.0, 34.0],
+            }
+        },
+        "bars": {
+            "fp32 exceeds the budget": False,
+            "int2 trains under the budget": True,
+            "int2 peak at least 3x below fp32's": True,
+            "int2 step time within 10% of fp32's": False,
+        },
+    }
+    memory, step = suite.cases_capacity(raw)
+    assert (memory["value"], memory["baseline"]) == (5.0, 16.0)
+    assert memory["ratio"] == pytest.approx(3.2) and memory["pass"] is True
+    assert (step["value"], step["baseline"]) == (35.0, 33.3)
+    assert step["value_iqr"] == 2.0 and step["baseline_iqr"] == 1.0 and step["pass"] is False
+    assert step["ratio"] == pytest.approx(33.3 / 35.0)

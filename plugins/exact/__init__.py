@@ -15,9 +15,11 @@ them are passed). Dense products by a parameter (``nn.Linear``, ``matmul``,
 the input (``qtrain.plugins.exact.projected``): with a projection from the
 projected rows, without one from the quantized rows a block at a time; unless
 tango, which quantizes those products itself, is active. On the same condition
-and with ``blocked_sage = true``, GraphSAGE's mean layer (DGL's ``SAGEConv`` and qtrain's ``LeanSAGEConv``) on a
-whole CPU graph is computed a block of rows at a time, so its aggregation never
-exists whole (``qtrain.plugins.exact.fused_sage``).
+(and unless ``blocked_sage = false``), GraphSAGE's mean layer (DGL's ``SAGEConv``
+and qtrain's ``LeanSAGEConv``) on a whole CPU graph is computed a block of rows
+at a time, so its aggregation never exists whole
+(``qtrain.plugins.exact.fused_sage``), and a full-graph run of qtrain's
+GraphSAGE holds its graph as the CSC alone (``qtrain.train.prepare``).
 
 Inside ``qtrain run`` it works through the trainer's saved-tensor hooks (the
 activation meter), so it composes with mini-batch training and with
@@ -63,9 +65,9 @@ class ExactConfig:
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
     )
     blocked_sage: bool = option(
-        False,
-        "compute GraphSAGE mean layers on a whole CPU graph a block of rows at a time "
-        "(one full-size tensor fewer at the peak; slower backward: see the README)",
+        True,
+        "compute GraphSAGE mean layers on a whole CPU graph a block of rows at a time, and "
+        "hold a full-graph run's graph as its CSC alone (false: DGL's layer and graph)",
     )
     backend: Literal["auto", "reference", "ext-cpu"] = option(
         "auto", "kernels to run: the compiled extension when built (auto), or the reference"
@@ -146,6 +148,23 @@ class ExactPlugin(Plugin):
         model = context.model
         self._parameter_keys = (
             {p.untyped_storage().data_ptr() for p in model.parameters()} if model else set()
+        )
+
+    @classmethod
+    def reads_only_in_csr(
+        cls, config: ExactConfig, model: torch.nn.Module, plugins: tuple[str, ...], device: Any
+    ) -> bool:
+        """With ``blocked_sage`` (and not tango) on the CPU, qtrain's GraphSAGE with the mean
+        aggregator reads the graph only through its in-CSR: the blocked layer in training
+        steps, DGL's forward (which aggregates over the CSC) in evaluation."""
+        from qtrain.models.sage import SAGE
+
+        return (
+            config.blocked_sage
+            and "tango" not in plugins
+            and torch.device(device).type == "cpu"
+            and isinstance(model, SAGE)
+            and all(getattr(layer, "_aggre_type", None) == "mean" for layer in model.layers)
         )
 
     def activate(self, patcher: Patcher) -> None:

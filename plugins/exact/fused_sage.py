@@ -11,18 +11,21 @@ Under exact the aggregation is only needed in backward as its compressed rows,
 so it never has to exist whole. Forward here takes the aggregation of one block
 of destination rows (DGL's own kernel over a block made of those rows of the
 layer's in-CSR), adds its product into the block's rows of the output,
-compresses the block and drops it. Backward uses ``A^T (g W_n) = (A^T g) W_n``:
-the transposed aggregation of the output gradient, one block of source rows at
-a time over the layer's out-CSR with ``1 / in-degree`` as entry values (torch's
-CSR product: DGL's CPU kernel with per-edge scalars is slow), projected and
-added into the block's rows of the input gradient. Both directions hold two
-full-size tensors and one block. The weight gradients come from the stored rows
-a block at a time (``CompressingCodec.weight_grad_rows``, as for every other
-product under exact). Where ``SAGEConv`` projects first (input wider than
-output), the blocks aggregate ``feat W_n^T`` instead.
+compresses the block and drops it. Backward uses ``A^T D^-1 g W_n``: for each
+block of destination rows, the block's output gradient divided by the in-degrees
+is projected by ``W_n`` and added into the input gradient's rows of the block's
+sources (``qtrain.ops.scatter.scatter_rows_add``, a kernel of the op library, over
+the same rows of the in-CSR). Both directions hold two full-size tensors and one
+block. The weight gradients come from the stored rows a block at a time
+(``CompressingCodec.weight_grad_rows``, as for every other product under exact).
+Where ``SAGEConv`` projects first (input wider than output), the blocks aggregate
+``feat W_n^T`` instead, and backward gathers the narrower gradient of those rows.
 
-The in- and out-CSR are the layer's own (:class:`Adjacency`, without edge ids),
-built once per graph, so DGL never builds its CSC or CSR beside its COO.
+The in-CSR is the only structure the layer reads (:class:`Adjacency`, without
+edge ids): DGL's CSC where the graph holds one (a run whose steps read nothing
+else holds the graph as that alone: ``qtrain.train.prepare.held_as_in_csr``),
+else its own, built once per graph from the COO, so DGL never builds its CSC or
+CSR beside the COO.
 
 The stored blocks go through the saved-tensor hooks in force when the layer runs
 (the activation meter's, or the plugin's own), so the meter counts their stored
@@ -31,7 +34,6 @@ bytes exactly as it would count the whole aggregation's.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,8 @@ from qtrain.plugins.exact.projected import weight_grad
 
 from qtrain import route
 from qtrain._compat import import_dgl
+from qtrain.ops.graph import group_rows
+from qtrain.ops.scatter import scatter_rows_add
 
 BLOCK_BYTES = 32 << 20  # float32 bytes of one block of aggregated rows
 
@@ -79,8 +83,10 @@ def saved_tensor_hooks() -> tuple[Any, Any] | None:
 
     The blocks of the aggregation are packed one at a time, as they are made, so that
     each is compressed and dropped before the next exists; ``save_for_backward`` would
-    pack them only when the forward returns, with all of them alive."""
-    return torch._C._autograd._top_saved_tensors_default_hooks(False)
+    pack them only when the forward returns, with all of them alive. torch exposes the
+    pair only privately; where a torch lacks the call, there is none (DGL's forward runs)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top(False) if top is not None else None
 
 
 _NO_IDS = {dtype: torch.empty(0, dtype=dtype) for dtype in (torch.int32, torch.int64)}
@@ -106,40 +112,31 @@ def _rows_sum(
 
 @dataclass(frozen=True)
 class Adjacency:
-    """A graph's edges grouped by destination (``in_*``) and by source (``out_*``), without
-    edge ids: all the layer reads. DGL's CSC and CSR carry an edge-id array each (0.46 GiB
-    apiece on synthetic-products) and DGL keeps them beside its COO once built."""
+    """A graph's edges grouped by destination, without edge ids: all the layer reads,
+    in both directions (backward scatters over the same rows)."""
 
-    in_indptr: torch.Tensor
-    in_indices: torch.Tensor
-    out_indptr: torch.Tensor
-    out_indices: torch.Tensor
-
-
-def _grouped(rows: torch.Tensor, cols: torch.Tensor, num_rows: int) -> tuple[Any, Any]:
-    """``(indptr, cols)`` of the entries ``(rows[e], cols[e])`` grouped by row, stable."""
-    order = torch.argsort(rows, stable=True)
-    grouped = cols[order]
-    del order
-    indptr = torch.zeros(num_rows + 1, dtype=torch.int64)
-    torch.cumsum(torch.bincount(rows, minlength=num_rows), 0, out=indptr[1:])
-    return indptr.to(cols.dtype), grouped
+    indptr: torch.Tensor
+    indices: torch.Tensor
 
 
 _adjacency: dict[int, tuple[weakref.ref, Adjacency]] = {}
 
 
 def adjacency(graph: Any) -> Adjacency:
-    """``graph``'s :class:`Adjacency`, built once from its COO and kept while it lives."""
+    """``graph``'s :class:`Adjacency`: DGL's CSC where the graph holds one (read in place;
+    a run whose steps read nothing else holds only that: ``qtrain.train.prepare``), else
+    grouped from its COO once and kept while the graph lives (DGL's CSC would carry an
+    edge-id array beside it, 0.46 GiB on synthetic-products, and stay)."""
+    if "csc" in graph.formats()["created"]:
+        indptr, indices, _ = graph.adj_tensors("csc")  # views of DGL's arrays
+        return Adjacency(indptr, indices)
     key = id(graph)
     hit = _adjacency.get(key)
     if hit is not None and hit[0]() is graph:
         return hit[1]
     src, dst = graph.edges()
-    nodes = graph.num_nodes()
-    in_indptr, in_indices = _grouped(dst, src, nodes)
-    out_indptr, out_indices = _grouped(src, dst, nodes)
-    built = Adjacency(in_indptr, in_indices, out_indptr, out_indices)
+    indptr, indices, _ = group_rows(dst, src, None, graph.num_nodes(), src.dtype)
+    built = Adjacency(indptr, indices)
 
     def forget(ref: weakref.ref) -> None:
         if _adjacency.get(key, (None,))[0] is ref:
@@ -147,32 +144,6 @@ def adjacency(graph: Any) -> Adjacency:
 
     _adjacency[key] = (weakref.ref(graph, forget), built)
     return built
-
-
-def _rows_scaled_sum(
-    indptr: torch.Tensor,
-    indices: torch.Tensor,
-    scale: torch.Tensor,
-    start: int,
-    stop: int,
-    x: torch.Tensor,
-) -> torch.Tensor:
-    """Rows ``start:stop`` of ``A diag(scale) x`` for the 0/1 CSR matrix ``A``: torch's CSR
-    product with ``scale[column]`` as entry values (DGL's CPU kernel with per-edge scalars
-    took 8x its copy form's time)."""
-    first, last = int(indptr[start]), int(indptr[stop])
-    block_indptr = indptr[start : stop + 1] - indptr[start]
-    values = scale.index_select(0, indices[first:last].long())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
-        matrix = torch.sparse_csr_tensor(
-            block_indptr,
-            indices[first:last],
-            values,
-            (stop - start, x.shape[0]),
-            check_invariants=False,
-        )
-        return matrix @ x
 
 
 def _store(codec: CompressingCodec, x: torch.Tensor, projects: bool) -> CompressedTensor | None:
@@ -212,14 +183,14 @@ class SageMeanRows(torch.autograd.Function):
         pack, unpack = saved_tensor_hooks()  # fusable() checked they are there
         nodes = feat.shape[0]
         adj = adjacency(graph)
-        degrees = (adj.in_indptr[1:] - adj.in_indptr[:-1]).clamp_(min=1).to(feat.dtype)
+        degrees = (adj.indptr[1:] - adj.indptr[:-1]).clamp_(min=1).to(feat.dtype)
         source = feat @ w_neigh.t() if project_first else feat
         out = feat.new_empty(nodes, w_self.shape[0])
         step = block_rows(max(feat.shape[1], out.shape[1]))
         blocks: list[tuple[int, int, CompressedTensor | None, Any]] = []
         for start in range(0, nodes, step):
             stop = min(nodes, start + step)
-            agg = _rows_sum(adj.in_indptr, adj.in_indices, start, stop, source)
+            agg = _rows_sum(adj.indptr, adj.indices, start, stop, source)
             agg.div_(degrees[start:stop, None])
             rows = out[start:stop]
             if b_self is None:
@@ -250,30 +221,39 @@ class SageMeanRows(torch.autograd.Function):
         adj: Adjacency = ctx.adjacency
         grad_feat = grad_w_self = grad_b = grad_w_neigh = None
         needs_feat, needs_neigh = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
-        # projecting first, W_n's gradient is spread^T feat: the spread is kept whole
-        # (it is as narrow as the output); otherwise it is used a block at a time
-        kept_spread = grad.new_empty(grad.shape) if ctx.project_first and needs_neigh else None
-        if needs_feat or kept_spread is not None:
+        # projecting first, the gradient of the projected rows (the spread, as narrow as
+        # the output) is kept whole: W_n's gradient is spread^T feat; otherwise each
+        # block's spread is projected and added into the input gradient's rows at once
+        spread = (
+            grad.new_zeros(grad.shape)
+            if ctx.project_first and (needs_feat or needs_neigh)
+            else None
+        )
+        if needs_feat or spread is not None:
             grad_feat = grad @ w_self if needs_feat else None
             inv_degrees = unpack(ctx.degrees).reciprocal()
             nodes = grad.shape[0]
             step = block_rows(max(grad.shape[1], w_neigh.shape[1]))
             for start in range(0, nodes, step):
                 stop = min(nodes, start + step)
-                spread = _rows_scaled_sum(
-                    adj.out_indptr, adj.out_indices, inv_degrees, start, stop, grad
-                )
-                if grad_feat is not None:
-                    grad_feat[start:stop].addmm_(spread, w_neigh)
-                if kept_spread is not None:
-                    kept_spread[start:stop] = spread
+                scaled = grad[start:stop] * inv_degrees[start:stop, None]
+                ranged = adj.indptr[start : stop + 1]
+                if spread is not None:
+                    scatter_rows_add(spread, ranged, adj.indices, scaled)
+                else:
+                    scatter_rows_add(grad_feat, ranged, adj.indices, scaled @ w_neigh)
+            if spread is not None and grad_feat is not None:
+                for start in range(0, nodes, step):
+                    stop = min(nodes, start + step)
+                    grad_feat[start:stop].addmm_(spread[start:stop], w_neigh)
         feat_rows = lambda: ctx.saved_tensors[0]  # noqa: E731  (by reference, or decoded)
         if ctx.needs_input_grad[1]:
             grad_w_self = _product_grad(codec, ctx.stored_feat, feat_rows, grad)
         if ctx.needs_input_grad[2] and ctx.has_bias:
             grad_b = grad.sum(0)
-        if kept_spread is not None:
-            grad_w_neigh = _product_grad(codec, ctx.stored_feat, feat_rows, kept_spread)
+        if spread is not None:
+            if needs_neigh:
+                grad_w_neigh = _product_grad(codec, ctx.stored_feat, feat_rows, spread)
         elif needs_neigh:
             for start, stop, stored, held in ctx.blocks:
                 part = _product_grad(

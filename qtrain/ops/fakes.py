@@ -201,6 +201,10 @@ def int8_spmm(indptr: Tensor, indices: Tensor, values: Tensor, q: Tensor) -> Ten
     return _empty((indptr.shape[0] - 1, q.shape[1]), torch.int32, q)
 
 
+def scatter_rows_add(out: Tensor, indptr: Tensor, indices: Tensor, x: Tensor) -> None:
+    return None
+
+
 def requantize(x: Tensor, shift: int) -> Tensor:
     return _empty(x.shape, torch.int8, x)
 
@@ -235,6 +239,7 @@ FAKES: dict[str, Callable[..., Any]] = {
         int8_segment_gemm,
         int8_gemm_int32,
         int8_spmm,
+        scatter_rows_add,
         requantize,
         dyq,
     )

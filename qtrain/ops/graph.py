@@ -67,17 +67,25 @@ def index_dtype(*sizes: int) -> torch.dtype:
 
 
 def group_rows(
-    rows: torch.Tensor, cols: torch.Tensor, eids: torch.Tensor, num_rows: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    eids: torch.Tensor | None,
+    num_rows: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(indptr, cols, eids)`` of the entries ``(rows[e], cols[e])`` grouped by row, stable
-    (within a row, in entry order), indices as ``dtype``; no host sync on any device."""
+    (within a row, in entry order), indices as ``dtype``; no host sync on any device.
+    Without ``eids`` (None) none are returned either."""
     order = torch.argsort(rows, stable=True)
     # a scatter-add, not bincount: bincount reads the largest row id back to the host
     counts = torch.zeros(num_rows, dtype=torch.int64, device=rows.device)
-    counts.index_add_(0, rows, torch.ones_like(rows))
+    one = torch.ones((), dtype=torch.int64, device=rows.device)
+    counts.index_add_(0, rows, one.expand(rows.numel()))  # no entry-sized tensor of ones
     indptr = torch.zeros(num_rows + 1, dtype=torch.int64, device=rows.device)
     torch.cumsum(counts, 0, out=indptr[1:])
-    return indptr.to(dtype), cols[order].to(dtype), eids[order].to(dtype)
+    grouped = cols[order].to(dtype)
+    grouped_eids = eids[order].to(dtype) if eids is not None else None
+    return indptr.to(dtype), grouped, grouped_eids
 
 
 def build_csr(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int) -> GraphCSR:

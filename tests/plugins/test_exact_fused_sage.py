@@ -179,7 +179,9 @@ def test_the_plugin_routes_sage_mean_layers_and_counts_them(layer: str) -> None:
     )
     assert projected["blocked_sage_layers"] == 1
     _, default = step({"plugin": ["exact"], "exact": {"bits": 8}})
-    assert default["blocked_sage_layers"] == 0  # an opt-in: its backward is slower
+    assert default["blocked_sage_layers"] == 1  # the default
+    _, off = step({"plugin": ["exact"], "exact": {"bits": 8, "blocked_sage": False}})
+    assert off["blocked_sage_layers"] == 0
     _, with_tango = step({"plugin": ["tango", "exact"], "exact": {"blocked_sage": True}})
     assert with_tango["blocked_sage_layers"] == 0  # tango quantizes the products itself
 
@@ -217,6 +219,19 @@ def test_calls_it_does_not_compute_take_dgls_forward() -> None:
     assert fused_sage.fusable(conv, graph, feat, None) is False
 
 
+def test_a_torch_without_the_private_hooks_call_takes_dgls_forward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import qtrain
+
+    monkeypatch.delattr(torch._C._autograd, "_top_saved_tensors_default_hooks")
+    graph = _graph(120, seed=4)
+    conv = _conv(_sage(), 16, 16, 0)
+    with qtrain.patch(_BLOCKED) as session:
+        conv(graph, torch.randn(120, 16, requires_grad=True)).sum().backward()
+    assert session.report()["exact"]["blocked_sage_layers"] == 0
+
+
 def test_the_meter_counts_the_stored_blocks() -> None:
     """The blocks are packed through the meter's hooks: it counts their stored bytes, which
     are what the whole aggregation's stored rows take (per-row scales), and the degrees."""
@@ -241,23 +256,20 @@ def test_the_meter_counts_the_stored_blocks() -> None:
 
 
 def test_the_adjacency_matches_dgls_and_dgl_builds_no_csc_or_csr() -> None:
-    """The layer reads its own in- and out-CSR without edge ids, built once per graph; DGL's
-    graph keeps only its COO (DGL's CSC and CSR add an edge-id array each)."""
+    """The layer reads its own in-CSR without edge ids, built once per graph, in both
+    directions; DGL's graph keeps only its COO (DGL's CSC and CSR add an edge-id array
+    each)."""
     graph = _graph(300, seed=7)
     adj = fused_sage.adjacency(graph)
     assert fused_sage.adjacency(graph) is adj  # once per graph
-    for (indptr, indices), fmt in (
-        ((adj.in_indptr, adj.in_indices), "csc"),
-        ((adj.out_indptr, adj.out_indices), "csr"),
-    ):
-        dgl = import_dgl()
-        copy = dgl.graph(graph.edges(), num_nodes=graph.num_nodes())  # clone() shares formats
-        want_indptr, want_indices, _ = copy.int().adj_tensors(fmt)
-        assert torch.equal(indptr, want_indptr)
-        for row in range(graph.num_nodes()):
-            a, b = int(indptr[row]), int(indptr[row + 1])
-            assert torch.equal(indices[a:b].sort().values, want_indices[a:b].sort().values)
-    assert adj.in_indices.dtype == torch.int32  # the graph's id type
+    dgl = import_dgl()
+    copy = dgl.graph(graph.edges(), num_nodes=graph.num_nodes())  # clone() shares formats
+    want_indptr, want_indices, _ = copy.int().adj_tensors("csc")
+    assert torch.equal(adj.indptr, want_indptr)
+    for row in range(graph.num_nodes()):
+        a, b = int(adj.indptr[row]), int(adj.indptr[row + 1])
+        assert torch.equal(adj.indices[a:b].sort().values, want_indices[a:b].sort().values)
+    assert adj.indices.dtype == torch.int32  # the graph's id type
     conv = _conv(lean_sage_conv(), 32, 32, seed=8)
     last = _conv(lean_sage_conv(), 32, 8, seed=9)  # projects first
     import qtrain
@@ -269,3 +281,36 @@ def test_the_adjacency_matches_dgls_and_dgl_builds_no_csc_or_csr() -> None:
     key = id(graph)
     del graph, adj
     assert key not in fused_sage._adjacency  # dropped with its graph
+
+
+def test_a_graph_held_as_its_csc_is_read_in_place_and_keeps_only_it() -> None:
+    """A run that reads only the in-CSR holds the graph as DGL's CSC alone
+    (``held_as_in_csr``): the layer reads DGL's arrays themselves, and after two layers'
+    forward and backward, and DGL's own forward in evaluation, DGL still holds nothing else;
+    the layer gives what it gives on the COO graph."""
+    from qtrain.train.prepare import held_as_in_csr
+
+    graph = _graph(300, seed=10)
+    held = held_as_in_csr(graph)
+    assert held.formats() == {"created": ["csc"], "not created": []}
+    indptr, indices, _ = held.adj_tensors("csc")
+    adj = fused_sage.adjacency(held)
+    assert adj.indptr.data_ptr() == indptr.data_ptr()
+    assert adj.indices.data_ptr() == indices.data_ptr()
+    import qtrain
+
+    results = []
+    for g in (graph, held):
+        conv = _conv(lean_sage_conv(), 32, 32, seed=8)
+        last = _conv(lean_sage_conv(), 32, 8, seed=9)  # projects first
+        feat = torch.randn(300, 32, generator=torch.Generator().manual_seed(11), requires_grad=True)
+        with qtrain.patch(_BLOCKED) as session:
+            out = last(g, conv(g, feat))
+            out.sum().backward()
+            with torch.no_grad():
+                evaluated = last(g, conv(g, feat))
+        assert session.report()["exact"]["blocked_sage_layers"] == 2
+        results.append((out.detach(), feat.grad, evaluated))
+    assert held.formats() == {"created": ["csc"], "not created": []}
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

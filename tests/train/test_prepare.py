@@ -82,3 +82,75 @@ def test_compact_false_keeps_the_loaded_graph() -> None:
     with prepared(small_recipe("sage"), compact=False) as (dataset, graph, _model, _device):
         assert graph.idtype == torch.int64
         assert dataset.graph is graph
+
+
+def blocked_recipe(
+    model: str = "sage",
+    plugins: tuple[str, ...] = ("exact",),
+    blocked: bool = True,
+    **options: Any,
+) -> Recipe:
+    raw: dict[str, Any] = {
+        "model": {"name": model, "hidden": 8, **options},
+        "dataset": {"name": "synthetic-small", "nodes": 300},
+        "train": {"epochs": 2, "mode": "full", "threads": 1},
+        "quant": {"plugin": list(plugins), "exact": {"blocked_sage": blocked, "bits": 8}},
+    }
+    return build_recipe(raw, "tiny")
+
+
+def test_a_run_that_reads_only_the_in_csr_holds_the_graph_as_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """exact (blocked_sage, its default) on qtrain's GraphSAGE (mean): the run holds DGL's CSC alone,
+    no COO beside it, the same graph for the dataset; training steps keep it so and
+    give the losses of the same run on the COO graph."""
+    recipe = blocked_recipe()
+    with prepared(recipe) as (dataset, graph, _model, _device):
+        assert graph.formats() == {"created": ["csc"], "not created": []}
+        assert dataset.graph is graph
+        assert graph.idtype == torch.int32
+        assert graph.ndata["feat"].dtype == torch.float32
+    held, graph = losses(recipe)
+    assert graph.formats() == {"created": ["csc"], "not created": []}
+    monkeypatch.setattr(prepare, "reads_only_in_csr", lambda *_: False)
+    kept, coo = losses(recipe)
+    assert "coo" in coo.formats()["created"]
+    assert held == pytest.approx(kept, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "why"),
+    [
+        (lambda: blocked_recipe(blocked=False), "blocked_sage off"),
+        (lambda: small_recipe("sage"), "no plugin: DGL's backward reads the CSR"),
+        (lambda: blocked_recipe(plugins=("tango", "exact")), "tango quantizes the layer"),
+        (lambda: blocked_recipe("gcn"), "not GraphSAGE"),
+        (lambda: blocked_recipe(aggregator="pool"), "not the mean aggregator"),
+    ],
+)
+def test_other_runs_keep_the_coo(recipe: Any, why: str) -> None:
+    with prepared(recipe()) as (_dataset, graph, _model, _device):
+        assert "coo" in graph.formats()["created"], why
+
+
+def test_held_as_in_csr_carries_edge_data_to_the_new_edge_ids() -> None:
+    import dgl
+
+    graph = dgl.graph(([0, 2, 1, 0, 2], [1, 1, 0, 2, 0]), num_nodes=3)
+    graph.edata["w"] = torch.tensor([10.0, 20.0, 30.0, 40.0, 50.0])
+    graph.ndata["x"] = torch.arange(3.0)
+    held = prepare.held_as_in_csr(graph)
+    assert held.ndata["x"].data_ptr() == graph.ndata["x"].data_ptr()  # shared
+    src, dst, eid = held.edges(form="all", order="srcdst")
+    assert held.formats()["created"] == ["csc"]  # edges() derives a COO, keeps none
+    original = {
+        (int(s), int(d)): float(w) for s, d, w in zip(*graph.edges(), graph.edata["w"], strict=True)
+    }
+    for s, d, e in zip(src, dst, eid, strict=True):
+        assert float(held.edata["w"][e]) == original[(int(s), int(d))]
+
+
+def test_exacts_default_holds_graphsages_graph_as_its_csc() -> None:
+    with prepared(small_recipe("sage", plugins=("exact",))) as (_dataset, graph, _model, _device):
+        assert graph.formats()["created"] == ["csc"]
