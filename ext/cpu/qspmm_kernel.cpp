@@ -2,23 +2,25 @@
 // (tango-sc23 sec. 3.2-3.3); the definition is qtrain/ops/sparse.py (reference_qspmm):
 //
 //   copy:      out[r] = fl32(float(sum_k q[indices[k]]) * scale)             exact integer sum
-//   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32, CSR order
+//   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32
 //              out[r] = fl32(acc[r] * scale)
 //
-// Each output row is computed by one thread, entries in CSR order, so the
-// result does not depend on the thread count; rows are handed out in small
-// dynamic chunks because power-law degrees make static splits uneven. The
-// feature width is walked in register tiles of W * NV lanes (NV accumulators
-// of the ISA's W lanes), each tile summing all
-// of the row's entries before it is scaled and stored, with the neighbour
-// row kPrefetch entries ahead prefetched. The copy form accumulates in int32
-// (int8 -> int32 widening adds), which is exact for rows of degree below
-// 2^31 / 128; longer rows take an int64 path.
+// Work is handed out by the merge path (common/merge_path.h, qtrain/ops/partition.py):
+// units of P items (rows' ends plus entries), so a hub row of a power-law graph is split
+// across units and threads instead of holding one thread. A row inside one unit is
+// summed in CSR order; a split row is summed piece by piece (each piece in CSR order)
+// and its pieces added in unit order afterwards (reference_spmm_by_units), the order
+// the CUDA kernel uses too, so the two agree bit for bit at any thread count. The copy
+// form sums in int32 within a piece (at most P <= 2^16 entries: exact, and exact again
+// as float32) and in int64 across pieces, so it is the exact integer sum at any degree.
+// The feature width is walked in register tiles of W * NV lanes (NV accumulators of
+// the ISA's W lanes), each tile summing all of a piece's entries before it is scaled
+// and stored, with the neighbour row kPrefetch entries ahead prefetched.
 //
 // The front has checked dtypes, shapes and devices; what only the data shows is
 // refused here: indptr not 0 .. nnz and non-decreasing (checked before any thread
-// starts), an index outside q's rows or an eid outside weight's rows (found in the
-// row loop: the row is zeroed and the op raises after the loop).
+// starts), an index outside q's rows or an eid outside weight's rows (found as the
+// pieces are read; the op raises after the loop).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
@@ -37,6 +39,7 @@
 #include <omp.h>
 #endif
 
+#include "common/merge_path.h"
 #include "common/sparse_operands.h"
 #include "cpu/csr_rows.h"
 #include "cpu/isa.h"
@@ -50,7 +53,6 @@ namespace qtrain {
 namespace {
 
 using csr_rows::check_indptr;
-using csr_rows::kRowChunk;
 using csr_rows::prefetch_row;
 using csr_rows::row_in_range;
 using sparse::Lanes;
@@ -63,6 +65,11 @@ struct SpmmArgs {
   const int8_t* q;
   const float* w;  // weighted form only (null when weight has no elements)
   float* out;
+  float* carry;               // [units, F]: the piece of the row in progress at a unit's end
+  const int64_t* row_start;   // the merge-path partition (common/merge_path.h)
+  const int64_t* entry_start;
+  int64_t per_unit;
+  int64_t rows;
   int64_t nnz;
   int64_t n_in;  // rows of q
   int64_t n_w;   // rows of w
@@ -104,21 +111,6 @@ QT_ALWAYS_INLINE void copy_tail(const I* ix, int64_t b, int64_t e, const int8_t*
     for (int64_t t = 0; t < nl; ++t) acc[t] += r[t];
   }
   for (int64_t t = 0; t < nl; ++t) o[f0 + t] = static_cast<float>(acc[t]) * scale;
-}
-
-// A row too long for int32 sums: int64 accumulators, 16 lanes at a time.
-template <typename I>
-QT_ALWAYS_INLINE void copy_row_wide(const I* ix, int64_t b, int64_t e, const int8_t* q,
-                                    int64_t F, float scale, float* o) {
-  for (int64_t f0 = 0; f0 < F; f0 += 16) {
-    const int64_t nl = std::min<int64_t>(16, F - f0);
-    int64_t acc[16] = {};
-    for (int64_t k = b; k < e; ++k) {
-      const int8_t* r = q + static_cast<int64_t>(ix[k]) * F + f0;
-      for (int64_t t = 0; t < nl; ++t) acc[t] += r[t];
-    }
-    for (int64_t t = 0; t < nl; ++t) o[f0 + t] = static_cast<float>(acc[t]) * scale;
-  }
 }
 
 // Lanes [f0, f0 + W NV) of one row, weighted form; w_col selects the head's weight.
@@ -223,58 +215,96 @@ QT_ALWAYS_INLINE void weighted_lanes(const I* ix, const I* ex, int64_t b, int64_
   if (f0 < hi) weighted_tail(ix, ex, b, e, q, F, f0, hi - f0, w, Hw, w_col, scale, o);
 }
 
+// Entries [lo, hi) of row r (a whole row or a piece of one) into dst, scaled by s.
 template <int ISA, int MAXNV, typename I>
-QT_ALWAYS_INLINE bool rows_body(const SpmmArgs& a, int64_t r0, int64_t r1) {
-  const I* ip = static_cast<const I*>(a.indptr);
+QT_ALWAYS_INLINE bool piece(const SpmmArgs& a, int64_t lo, int64_t hi, float s, float* dst) {
   const I* ix = static_cast<const I*>(a.indices);
   const I* ex = static_cast<const I*>(a.eids);
   const int64_t F = a.F;
-  bool all_ok = true;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t b = static_cast<int64_t>(ip[r]);
-    const int64_t e = static_cast<int64_t>(ip[r + 1]);
-    float* o = a.out + r * F;
-    bool ok = row_in_range(ix, b, e, a.n_in);
-    if (a.weighted && ex != nullptr) ok &= row_in_range(ex, b, e, a.n_w);
-    if (!ok) {
-      for (int64_t f = 0; f < F; ++f) o[f] = 0.0f;
-      all_ok = false;
-      continue;
-    }
-    if (!a.weighted) {
-      if (e - b > sparse::kMaxDegreeInt32) {
-        copy_row_wide(ix, b, e, a.q, F, a.scale, o);
-        continue;
-      }
-      copy_row<ISA, MAXNV>(ix, b, e, a.nnz, a.q, F, a.scale, o);
-    } else {
-      // One weight per edge: tile the whole row. One per head: tile each head's D lanes.
-      const int64_t groups = a.Hw == 1 ? 1 : a.H;
-      const int64_t width = a.Hw == 1 ? F : a.D;
-      for (int64_t h = 0; h < groups; ++h) {
-        weighted_lanes<ISA, MAXNV>(ix, ex, b, e, a.nnz, a.q, F, h * width, (h + 1) * width, a.w,
-                                   a.Hw, h, a.scale, o);
-      }
+  bool ok = row_in_range(ix, lo, hi, a.n_in);
+  if (a.weighted && ex != nullptr) ok &= row_in_range(ex, lo, hi, a.n_w);
+  if (!ok) return false;  // the op raises: dst is left as it is
+  if (!a.weighted) {
+    copy_row<ISA, MAXNV>(ix, lo, hi, a.nnz, a.q, F, s, dst);
+  } else {
+    // One weight per edge: tile the whole row. One per head: tile each head's D lanes.
+    const int64_t groups = a.Hw == 1 ? 1 : a.H;
+    const int64_t width = a.Hw == 1 ? F : a.D;
+    for (int64_t h = 0; h < groups; ++h) {
+      weighted_lanes<ISA, MAXNV>(ix, ex, lo, hi, a.nnz, a.q, F, h * width, (h + 1) * width, a.w,
+                                 a.Hw, h, s, dst);
     }
   }
-  return all_ok;
+  return true;
+}
+
+// Unit u of the merge path: the rows that end in it (row_start[u] .. row_start[u+1]) and
+// the piece of the row in progress at its end. A row begun and ended here is written
+// scaled; the last piece of a split row is written raw (scale 1) into its output row and
+// a piece of the row in progress into carry[u], for fix_split_row.
+template <int ISA, int MAXNV, typename I>
+QT_ALWAYS_INLINE bool unit_body(const SpmmArgs& a, int64_t u) {
+  const I* ip = static_cast<const I*>(a.indptr);
+  const int64_t rs = a.row_start[u], re = a.row_start[u + 1];
+  const int64_t es = a.entry_start[u], ee = a.entry_start[u + 1];
+  bool ok = true;
+  for (int64_t r = rs; r < re; ++r) {
+    const int64_t b = static_cast<int64_t>(ip[r]);
+    const bool whole = b >= es;
+    ok &= piece<ISA, MAXNV, I>(a, whole ? b : es, static_cast<int64_t>(ip[r + 1]),
+                               whole ? a.scale : 1.0f, a.out + r * a.F);
+  }
+  if (re < a.rows) {
+    const int64_t lo = std::max(static_cast<int64_t>(ip[re]), es);
+    if (lo < ee) ok &= piece<ISA, MAXNV, I>(a, lo, ee, 1.0f, a.carry + u * a.F);
+  }
+  return ok;
+}
+
+// The row split across units u_first .. u (its first item in u_first, its end in u): its
+// pieces added in unit order (float32 adds for the weighted form; exact integers for the
+// copy form, whose pieces are float32 integers of at most 2^24), then scaled.
+template <typename I>
+QT_ALWAYS_INLINE void fix_split_row(const SpmmArgs& a, int64_t u) {
+  const I* ip = static_cast<const I*>(a.indptr);
+  const int64_t r = a.row_start[u];
+  if (r >= a.row_start[u + 1] || static_cast<int64_t>(ip[r]) >= a.entry_start[u]) return;
+  const int64_t first = (static_cast<int64_t>(ip[r]) + r) / a.per_unit;
+  const bool last_piece = a.entry_start[u] < static_cast<int64_t>(ip[r + 1]);
+  float* o = a.out + r * a.F;
+  for (int64_t f = 0; f < a.F; ++f) {
+    if (a.weighted) {
+      float acc = 0.0f;
+      for (int64_t v = first; v < u; ++v) acc += a.carry[v * a.F + f];
+      if (last_piece) acc += o[f];
+      o[f] = acc * a.scale;
+    } else {
+      int64_t acc = 0;
+      for (int64_t v = first; v < u; ++v) acc += static_cast<int64_t>(a.carry[v * a.F + f]);
+      if (last_piece) acc += static_cast<int64_t>(o[f]);
+      o[f] = static_cast<float>(acc) * a.scale;
+    }
+  }
 }
 
 // ---------------------------------------------------------------- ISA variants
 
 struct Kernels {
-  bool (*rows_i32)(const SpmmArgs&, int64_t, int64_t);
-  bool (*rows_i64)(const SpmmArgs&, int64_t, int64_t);
+  bool (*unit_i32)(const SpmmArgs&, int64_t);
+  bool (*unit_i64)(const SpmmArgs&, int64_t);
+  void (*fix_i32)(const SpmmArgs&, int64_t);
+  void (*fix_i64)(const SpmmArgs&, int64_t);
 };
 
-#define QT_DEFINE_VARIANT(NAME, ATTR, ISA, MAXNV)                                  \
-  ATTR QT_FLATTEN bool rows_i32_##NAME(const SpmmArgs& a, int64_t r0, int64_t r1) { \
-    return rows_body<ISA, MAXNV, int32_t>(a, r0, r1);                             \
-  }                                                                               \
-  ATTR QT_FLATTEN bool rows_i64_##NAME(const SpmmArgs& a, int64_t r0, int64_t r1) { \
-    return rows_body<ISA, MAXNV, int64_t>(a, r0, r1);                             \
-  }                                                                               \
-  const Kernels kernels_##NAME = {rows_i32_##NAME, rows_i64_##NAME};
+#define QT_DEFINE_VARIANT(NAME, ATTR, ISA, MAXNV)                           \
+  ATTR QT_FLATTEN bool unit_i32_##NAME(const SpmmArgs& a, int64_t u) {      \
+    return unit_body<ISA, MAXNV, int32_t>(a, u);                           \
+  }                                                                        \
+  ATTR QT_FLATTEN bool unit_i64_##NAME(const SpmmArgs& a, int64_t u) {      \
+    return unit_body<ISA, MAXNV, int64_t>(a, u);                           \
+  }                                                                        \
+  const Kernels kernels_##NAME = {unit_i32_##NAME, unit_i64_##NAME, fix_split_row<int32_t>, \
+                                  fix_split_row<int64_t>};
 
 // Accumulator tiles of 8 registers: 8 zmm (128 lanes), 8 ymm (64), 8 xmm (32).
 #define QT_NO_ATTR
@@ -324,17 +354,38 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   a.scale = static_cast<float>(scale);
   a.weighted = weighted;
 
+  // Units of equal work (rows' ends plus entries), handed out dynamically; then the rows
+  // split across units are summed from their pieces, each by one thread.
+  const merge_path::Partition part = merge_path::partition(indptr, nnz);
+  const at::Tensor carry = at::empty({part.units, a.F}, out.options());
+  a.carry = carry.mutable_data_ptr<float>();
+  a.row_start = part.row_start.const_data_ptr<int64_t>();
+  a.entry_start = part.entry_start.const_data_ptr<int64_t>();
+  a.per_unit = part.per_unit;
+  a.rows = rows;
   const Kernels& K = kernels();
-  const auto run = wide ? K.rows_i64 : K.rows_i32;
-  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  const auto unit = wide ? K.unit_i64 : K.unit_i32;
+  const auto fix = wide ? K.fix_i64 : K.fix_i32;
+  const int64_t units = part.units;
   const int nt = plan_threads(nnz * std::max<int64_t>(a.F, 1) + rows * a.F, 1 << 16);
   std::atomic<bool> ok{true};
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (nt > 1)
+#pragma omp parallel num_threads(nt) if (nt > 1)
 #endif
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t r0 = c * kRowChunk;
-    if (!run(a, r0, std::min(rows, r0 + kRowChunk))) ok.store(false, std::memory_order_relaxed);
+  {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 4)
+#endif
+    for (int64_t u = 0; u < units; ++u) {
+      if (!unit(a, u)) ok.store(false, std::memory_order_relaxed);
+    }
+    // (the implicit barrier: every piece is written before a split row is summed)
+    if (ok.load(std::memory_order_relaxed)) {
+#ifdef _OPENMP
+#pragma omp for schedule(dynamic, 64)
+#endif
+      for (int64_t u = 1; u < units; ++u) fix(a, u);
+    }
   }
   (void)nt;
   TORCH_CHECK_VALUE(ok.load(), fn, ": an entry of indices is outside [0, ", a.n_in,

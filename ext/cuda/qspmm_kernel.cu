@@ -6,22 +6,28 @@
 //   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32, CSR order
 //              out[r] = fl32(acc[r] * scale)
 //
-// Row-parallel: a group of G lanes (G = 1 .. 32, a power of two, from the row width)
-// owns one output row and walks its entries in CSR order, each lane owning 4-feature
-// chunks (one 32-bit int8 gather per entry and chunk, float4 stores), so the
-// weighted sums are added in exactly the CPU kernel's order and agree with it bit
-// for bit. Wide rows use the whole warp (G = 32) with up to 4 chunks per lane, and
-// windows of 512 features beyond that. The group reads G entries' indices (and
+// Work is handed out by the merge path (common/merge_path.h, qtrain/ops/partition.py):
+// units of P items (rows' ends plus entries), one unit to a group of G lanes (G = 1 .. 32,
+// a power of two, from the row width), so a hub row of a power-law graph is split across
+// groups instead of serializing one. In its unit a group walks each row's piece in CSR
+// order, each lane owning 4-feature chunks (one 32-bit int8 gather per entry and chunk,
+// float4 stores); a row begun and ended in the unit is scaled and stored, the last piece
+// of a split row is stored raw (scale 1) in its output row and the piece of the row in
+// progress at the unit's end in the unit's carry row. A second kernel adds each split
+// row's pieces in unit order and scales them. That is the CPU kernel's order, so the two
+// agree bit for bit. Wide rows use the whole warp (G = 32) with up to 4 chunks per lane,
+// and windows of 512 features beyond that. The group reads G entries' indices (and
 // per-edge weights) with one coalesced load and hands them out with shuffles. The
-// incidence form (edge-to-node sums) is the copy form over edge rows; per-head
-// weights ([E, H]: the per-head split) pick the weight by the chunk's head.
+// incidence form (edge-to-node sums) is the copy form over edge rows; per-head weights
+// ([E, H]: the per-head split) pick the weight by the chunk's head.
 //
-// Copy sums accumulate in int32 (exact below degree 2^31 / 128); longer rows switch
-// to int64. The front has checked dtypes, shapes and devices; what only the data
-// shows (indptr not 0 .. nnz and non-decreasing, an index out of range) zeroes the
-// affected rows and raises a device flag that the host reads back after the launch
-// and turns into the CPU op's ValueError. Rows of width 0 and graphs without rows are
-// checked too (their launches write nothing).
+// Copy sums accumulate in int32 within a piece (at most P <= 2^16 entries: exact, and
+// exact as float32) and in int64 across pieces. The front has checked dtypes, shapes and
+// devices; what only the data shows (indptr not 0 .. nnz and non-decreasing: a check
+// kernel over every row; an index out of range: found as the pieces are read) raises a
+// device flag that the host reads back after the launches and turns into the CPU op's
+// ValueError. The kernels clamp what they read from indptr and the partition, so
+// invalid data is refused without an access out of bounds.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -32,6 +38,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/merge_path.h"
 #include "common/sparse_operands.h"
 #include "cuda/common.cuh"
 
@@ -40,7 +47,6 @@ namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxDegreeInt32 = (int64_t{1} << 31) / 128 - 1;
 constexpr int kBadIndptr = 1;
 constexpr int kBadIndex = 2;
 constexpr int kBadEid = 4;
@@ -52,6 +58,11 @@ struct SpmmArgs {
   const int8_t* q;
   const float* w;    // null: copy form
   float* out;
+  float* carry;  // [units, F]: the piece of the row in progress at a unit's end
+  const int64_t* row_start;  // the merge-path partition (common/merge_path.h)
+  const int64_t* entry_start;
+  int64_t units;
+  int64_t per_unit;
   int64_t rows;
   int64_t nnz;
   int64_t n_in;  // rows of q
@@ -88,11 +99,11 @@ __device__ __forceinline__ void store_chunk(float* o, int64_t f, int64_t F, bool
   }
 }
 
-// Features [f0, f0 + G * 4 * NCH) of row r: entries b .. e in CSR order. Returns the
-// error bits seen (the caller zeroes the row when they are not 0).
+// Features [f0, f0 + G * 4 * NCH) of a piece: entries b .. e in CSR order, scaled by
+// `scale` into o. Returns the error bits seen (nothing is stored when they are not 0).
 template <typename I, int G, int NCH, bool WEIGHTED, typename Acc>
 __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t e, int64_t f0,
-                                          int lane, unsigned gmask, float* o) {
+                                          int lane, unsigned gmask, float scale, float* o) {
   const I* ix = static_cast<const I*>(a.indices);
   const I* ex = static_cast<const I*>(a.eids);
   Acc acc[NCH][4];
@@ -184,11 +195,9 @@ __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t 
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       if constexpr (WEIGHTED) {
-        y[t] = __fmul_rn(acc[c][t], a.scale);
-      } else if constexpr (sizeof(Acc) == 8) {
-        y[t] = __fmul_rn(__ll2float_rn(static_cast<long long>(acc[c][t])), a.scale);
+        y[t] = __fmul_rn(acc[c][t], scale);
       } else {
-        y[t] = __fmul_rn(__int2float_rn(static_cast<int>(acc[c][t])), a.scale);
+        y[t] = __fmul_rn(__int2float_rn(static_cast<int>(acc[c][t])), scale);
       }
     }
     store_chunk(o, f, a.F, a.vec, y);
@@ -196,66 +205,129 @@ __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t 
   return 0;
 }
 
+// A piece (entries b .. e of one row) over every feature window. A row of width 0 still
+// walks one window, which checks its indices.
 template <typename I, int G, int NCH, bool WEIGHTED>
-__global__ void __launch_bounds__(kThreads) spmm_kernel(SpmmArgs a) {
-  const int64_t r = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / G;
-  if (r >= a.rows) return;  // groups are aligned in the warp: a group leaves together
+__device__ __forceinline__ int piece(const SpmmArgs& a, int64_t b, int64_t e, int lane,
+                                     unsigned gmask, float scale, float* o) {
+  using Acc = typename std::conditional<WEIGHTED, float, int32_t>::type;
+  constexpr int64_t window = int64_t{4} * G * NCH;
+  int bad = 0;
+  for (int64_t f0 = 0; (f0 < a.F || f0 == 0) && bad == 0; f0 += window) {
+    bad = row_window<I, G, NCH, WEIGHTED, Acc>(a, b, e, f0, lane, gmask, scale, o);
+  }
+  return bad;
+}
+
+__device__ __forceinline__ int64_t clamp64(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// Unit u of the merge path: the rows that end in it and the piece of the row in progress
+// at its end (see the file's comment).
+template <typename I, int G, int NCH, bool WEIGHTED>
+__global__ void __launch_bounds__(kThreads) spmm_units_kernel(SpmmArgs a) {
+  const int64_t u = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / G;
+  if (u >= a.units) return;  // groups are aligned in the warp: a group leaves together
   const int lane = static_cast<int>(threadIdx.x % G);
   const unsigned gmask =
       G == 32 ? 0xffffffffu : ((1u << G) - 1u) << ((threadIdx.x & 31) / G * G);
   const I* ip = static_cast<const I*>(a.indptr);
-  const int64_t b = static_cast<int64_t>(ip[r]);
-  const int64_t e = static_cast<int64_t>(ip[r + 1]);
-  float* o = a.out + r * a.F;
+  const int64_t rs = clamp64(a.row_start[u], 0, a.rows);
+  const int64_t re = clamp64(a.row_start[u + 1], rs, a.rows);
+  const int64_t es = clamp64(a.entry_start[u], 0, a.nnz);
+  const int64_t ee = clamp64(a.entry_start[u + 1], es, a.nnz);
   int bad = 0;
-  if (b < 0 || e < b || e > a.nnz || (r == 0 && b != 0) || (r == a.rows - 1 && e != a.nnz)) {
-    bad = kBadIndptr;
-  } else {
-    constexpr int64_t window = int64_t{4} * G * NCH;
-    // a row of width 0 still walks one window, which checks its indices
-    for (int64_t f0 = 0; (f0 < a.F || f0 == 0) && bad == 0; f0 += window) {
-      if (!WEIGHTED && e - b > kMaxDegreeInt32) {
-        bad = row_window<I, G, NCH, WEIGHTED, int64_t>(a, b, e, f0, lane, gmask, o);
-      } else {
-        bad = row_window<I, G, NCH, WEIGHTED, typename std::conditional<WEIGHTED, float, int32_t>::type>(
-            a, b, e, f0, lane, gmask, o);
-      }
+  for (int64_t r = rs; r < re; ++r) {
+    const int64_t b = static_cast<int64_t>(ip[r]);
+    const bool whole = b >= es;
+    const int64_t lo = whole ? clamp64(b, es, ee) : es;
+    const int64_t hi = clamp64(static_cast<int64_t>(ip[r + 1]), lo, ee);
+    bad |= piece<I, G, NCH, WEIGHTED>(a, lo, hi, lane, gmask, whole ? a.scale : 1.0f,
+                                      a.out + r * a.F);
+  }
+  if (re < a.rows) {
+    const int64_t lo = clamp64(static_cast<int64_t>(ip[re]), es, ee);
+    if (lo < ee) {
+      bad |= piece<I, G, NCH, WEIGHTED>(a, lo, ee, lane, gmask, 1.0f, a.carry + u * a.F);
     }
   }
-  if (bad != 0) {
-    for (int64_t f = lane; f < a.F; f += G) o[f] = 0.0f;
-    if (lane == 0) atomicOr(a.flag, bad);
+  if (bad != 0 && lane == 0) atomicOr(a.flag, bad);
+}
+
+// The row split across units first .. u (its first item in unit first, its end in u): its
+// pieces added in unit order (float32 adds; exact int64 sums of the copy form's
+// float32 integers), then scaled. One warp per unit, lanes over the features.
+template <typename I, bool WEIGHTED>
+__global__ void __launch_bounds__(kThreads) fix_split_rows_kernel(SpmmArgs a) {
+  const int64_t u = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  if (u == 0 || u >= a.units) return;  // unit 0 begins every row it touches
+  const I* ip = static_cast<const I*>(a.indptr);
+  const int64_t r = clamp64(a.row_start[u], 0, a.rows);
+  const int64_t es = clamp64(a.entry_start[u], 0, a.nnz);
+  if (r >= clamp64(a.row_start[u + 1], r, a.rows) || static_cast<int64_t>(ip[r]) >= es) return;
+  const int64_t first = clamp64((static_cast<int64_t>(ip[r]) + r) / a.per_unit, 0, u);
+  const bool last_piece = es < static_cast<int64_t>(ip[r + 1]);
+  float* o = a.out + r * a.F;
+  for (int64_t f = threadIdx.x % 32; f < a.F; f += 32) {
+    if constexpr (WEIGHTED) {
+      float acc = 0.0f;
+      for (int64_t v = first; v < u; ++v) acc = __fadd_rn(acc, a.carry[v * a.F + f]);
+      if (last_piece) acc = __fadd_rn(acc, o[f]);
+      o[f] = __fmul_rn(acc, a.scale);
+    } else {
+      long long acc = 0;
+      for (int64_t v = first; v < u; ++v) acc += __float2ll_rn(a.carry[v * a.F + f]);
+      if (last_piece) acc += __float2ll_rn(o[f]);
+      o[f] = __fmul_rn(__ll2float_rn(acc), a.scale);
+    }
   }
 }
 
-// A graph without rows: indptr ([x]) is valid only as [0] with no entries.
+// indptr must start at 0, never decrease and end at nnz (a graph without rows: [0], no
+// entries). One thread per row.
 template <typename I>
-__global__ void no_rows_kernel(const I* __restrict__ indptr, int64_t nnz, int* __restrict__ flag) {
-  if (static_cast<int64_t>(indptr[0]) != 0 || nnz != 0) *flag = kBadIndptr;
+__global__ void check_indptr_kernel(const I* __restrict__ indptr, int64_t rows, int64_t nnz,
+                                    int* __restrict__ flag) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (r > rows) return;
+  const int64_t v = static_cast<int64_t>(indptr[r]);
+  const bool ok = (r > 0 || v == 0) && (r < rows || v == nnz) &&
+                  (r == rows || (v >= 0 && static_cast<int64_t>(indptr[r + 1]) >= v));
+  if (!ok) atomicOr(flag, kBadIndptr);
 }
 
 template <typename I, int G, int NCH>
 void launch_g(const SpmmArgs& a, bool weighted, cudaStream_t stream) {
-  const int64_t blocks = (a.rows * G + kThreads - 1) / kThreads;
-  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qtrain::qspmm: too many rows (", a.rows,
-                    ")");
+  const int64_t blocks = (a.units * G + kThreads - 1) / kThreads;
+  const int64_t fix_blocks = (a.units * 32 + kThreads - 1) / kThreads;
+  TORCH_CHECK_VALUE(fix_blocks <= int64_t{0x7fffffff}, "qtrain::qspmm: too many units (",
+                    a.units, ")");
   const unsigned grid = static_cast<unsigned>(blocks);
+  const unsigned fix_grid = static_cast<unsigned>(fix_blocks);
   if (weighted) {
-    spmm_kernel<I, G, NCH, true><<<grid, kThreads, 0, stream>>>(a);
+    spmm_units_kernel<I, G, NCH, true><<<grid, kThreads, 0, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    fix_split_rows_kernel<I, true><<<fix_grid, kThreads, 0, stream>>>(a);
   } else {
-    spmm_kernel<I, G, NCH, false><<<grid, kThreads, 0, stream>>>(a);
+    spmm_units_kernel<I, G, NCH, false><<<grid, kThreads, 0, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    fix_split_rows_kernel<I, false><<<fix_grid, kThreads, 0, stream>>>(a);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Group size from the row width: one lane per 4-feature chunk up to a warp.
+// Checks indptr, then the units with a group size from the row width: one lane per
+// 4-feature chunk up to a warp.
 template <typename I>
 void launch(const SpmmArgs& a, bool weighted, cudaStream_t stream) {
-  if (a.rows == 0) {
-    no_rows_kernel<I><<<1, 1, 0, stream>>>(static_cast<const I*>(a.indptr), a.nnz, a.flag);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
+  const int64_t check_blocks = (a.rows + 1 + kThreads - 1) / kThreads;
+  TORCH_CHECK_VALUE(check_blocks <= int64_t{0x7fffffff}, "qtrain::qspmm: too many rows (",
+                    a.rows, ")");
+  check_indptr_kernel<I><<<static_cast<unsigned>(check_blocks), kThreads, 0, stream>>>(
+      static_cast<const I*>(a.indptr), a.rows, a.nnz, a.flag);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (a.rows == 0) return;
   const int64_t chunks = (a.F + 3) / 4;
   if (chunks <= 1) return launch_g<I, 1, 1>(a, weighted, stream);
   if (chunks <= 2) return launch_g<I, 2, 1>(a, weighted, stream);
@@ -295,8 +367,17 @@ at::Tensor qspmm(const at::Tensor& indptr_in, const at::Tensor& indices_in, cons
   a.D = D;
   a.Hw = Hw;
   a.scale = static_cast<float>(scale);
-  a.vec = a.F % 4 == 0 && (Hw == 1 || D % 4 == 0) && is_aligned(a.q, 4) && is_aligned(a.out, 16);
   a.flag = flag.mutable_data_ptr<int>();
+  // the partition is built on the device from indptr (no sync); the kernels clamp it
+  const merge_path::Partition part = merge_path::partition(indptr, nnz);
+  const at::Tensor carry = at::empty({part.units, a.F}, out.options());
+  a.carry = carry.mutable_data_ptr<float>();
+  a.row_start = part.row_start.const_data_ptr<int64_t>();
+  a.entry_start = part.entry_start.const_data_ptr<int64_t>();
+  a.units = part.units;
+  a.per_unit = part.per_unit;
+  a.vec = a.F % 4 == 0 && (Hw == 1 || D % 4 == 0) && is_aligned(a.q, 4) &&
+          is_aligned(a.out, 16) && is_aligned(a.carry, 16);
   cudaStream_t stream = current_stream();
   if (wide) {
     launch<int64_t>(a, weighted, stream);

@@ -13,7 +13,9 @@ The cut points are found with one ``searchsorted`` on the device that holds
 ``indptr`` (no host sync), so a partition can be built where the CSR is built
 and kept with it. This module is the host-visible definition the kernels follow
 and the CPU tests check; :func:`reference_spmm_by_units` is the order in which a
-kernel over these units adds a split row's pieces.
+kernel over these units adds a split row's pieces. The ``qspmm`` kernels (CPU and
+CUDA) hand out exactly these units, with :func:`spmm_items_per_unit` items each
+(``ext/common/merge_path.h`` computes both the same way).
 """
 
 from __future__ import annotations
@@ -21,6 +23,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+# ext/common/merge_path.h: about this many units, at least / at most this many items each
+SPMM_TARGET_UNITS = 1 << 13
+SPMM_MIN_ITEMS = 256
+SPMM_MAX_ITEMS = 1 << 16
+
+
+def spmm_items_per_unit(rows: int, nnz: int) -> int:
+    """The items per unit the ``qspmm`` kernels use for a CSR of this size: about 8,192
+    units (a wave of warps on an H100, many per CPU thread), few enough that the rows split
+    at unit boundaries (each a round trip of partial sums through memory) stay few, and at
+    most 2^16 items so that a copy-form piece (|q| <= 128 per entry) is exact in float32."""
+    per_unit = -(-(rows + nnz) // SPMM_TARGET_UNITS)
+    return min(max(per_unit, SPMM_MIN_ITEMS), SPMM_MAX_ITEMS)
 
 
 @dataclass(frozen=True)
@@ -83,27 +99,40 @@ def reference_spmm_by_units(
 ) -> torch.Tensor:
     """``out[r] = sum_k weight[k] * x[indices[k]]`` over row r's entries, computed the way
     a kernel over ``partition`` computes it: each unit sums its piece of each row it
-    touches in entry order; the unit where a row begins writes its piece, and the pieces
-    of later units are added to it in unit order. A row inside one unit is summed in
-    entry order, as a row-parallel kernel sums it. Integer ``x`` sums exactly (int64)."""
+    touches in entry order; the pieces of a row are added to zeros in unit order. A row
+    inside one unit is summed in entry order, as a row-parallel kernel sums it. Integer
+    ``x`` sums exactly (int64). ``weight`` is one value per entry in CSR order ([E]) or
+    any [E, ...] that broadcasts against ``x``'s rows (per-head weights: [E, H, 1])."""
     rows = indptr.numel() - 1
-    ptr = indptr.to(torch.int64).tolist()
-    cols = indices.to(torch.int64)
+    ptr = indptr.to(torch.int64)
+    nnz = indices.numel()
+    device = x.device
     acc_dtype = torch.int64 if not x.is_floating_point() else torch.float32
-    out = torch.zeros((rows, *x.shape[1:]), dtype=acc_dtype, device=x.device)
-    starts = partition.row_start.tolist()
-    entries = partition.entry_start.tolist()
-    for u in range(partition.units):
-        lo_entry, hi_entry = entries[u], entries[u + 1]
-        for r in range(starts[u], min(starts[u + 1], rows - 1) + 1):
-            lo, hi = max(ptr[r], lo_entry), min(ptr[r + 1], hi_entry)
-            if lo >= hi:
-                continue
-            gathered = x[cols[lo:hi]].to(acc_dtype)
-            if weight is not None:
-                gathered = gathered * weight[lo:hi].reshape(-1, *([1] * (x.dim() - 1)))
-            piece = gathered[0].clone()
-            for k in range(1, hi - lo):
-                piece += gathered[k]
-            out[r] += piece  # the first piece lands on zeros: exact
+    row_of = torch.repeat_interleave(torch.arange(rows, device=device), ptr[1:] - ptr[:-1])
+    k = torch.arange(nnz, device=device)
+    # entry k of row r is item k + r of the merge path; its unit cuts the row into pieces
+    unit_of = (k + row_of) // partition.items_per_unit
+    new_piece = torch.ones(nnz, dtype=torch.bool, device=device)
+    new_piece[1:] = (row_of[1:] != row_of[:-1]) | (unit_of[1:] != unit_of[:-1])
+    piece_of = torch.cumsum(new_piece.to(torch.int64), 0) - 1
+    pieces = int(piece_of[-1]) + 1 if nnz else 0
+    piece_start = k[new_piece]
+    terms = x[indices.to(torch.int64)].to(acc_dtype)
+    if weight is not None:
+        w = weight.reshape(-1, *([1] * (x.dim() - 1))) if weight.dim() == 1 else weight
+        terms = terms * w[:nnz]
+    # each piece summed in entry order: one add per piece and position
+    piece_sum = torch.zeros((pieces, *x.shape[1:]), dtype=acc_dtype, device=device)
+    position = k - piece_start[piece_of]
+    for p in range(int(position.max()) + 1 if nnz else 0):
+        at = position == p
+        piece_sum[piece_of[at]] += terms[at]
+    # a row's pieces added to zeros in unit order: one add per row and piece rank
+    piece_row = row_of[piece_start]
+    first_piece = torch.searchsorted(piece_row, piece_row, side="left")
+    rank = torch.arange(pieces, device=device) - first_piece
+    out = torch.zeros((rows, *x.shape[1:]), dtype=acc_dtype, device=device)
+    for p in range(int(rank.max()) + 1 if pieces else 0):
+        at = rank == p
+        out[piece_row[at]] += piece_sum[at]
     return out

@@ -1,10 +1,11 @@
-"""Inputs shared by the qspmm and qsddmm tests: CSR graphs, quantized rows, the CSR-order
-emulation of the weighted SpMM, and the CPU kernel variants to run."""
+"""Inputs shared by the qspmm and qsddmm tests: CSR graphs, quantized rows, the emulation
+of the weighted SpMM's order of additions in the kernels, and the CPU kernel variants to run."""
 
 from __future__ import annotations
 
 import torch
 
+from qtrain.ops.partition import merge_path_partition, reference_spmm_by_units, spmm_items_per_unit
 from qtrain.ops.quantize import quantize
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -39,7 +40,24 @@ def q_shape(n: int, heads: int, width: int) -> tuple[int, ...]:
     return (n, width) if heads == 1 else (n, heads, width)
 
 
-def csr_order_weighted(
+def csr_order(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    q: torch.Tensor,
+    scale: float,
+    weight: torch.Tensor,
+    eids: torch.Tensor | None,
+) -> torch.Tensor:
+    """Weighted SpMM of [N, D] rows with each row's float32 additions in CSR order, the
+    order of a kernel that gives each row to one thread: one unit as large as the graph."""
+    rows, nnz = indptr.numel() - 1, indices.numel()
+    e = eids.to(torch.int64) if eids is not None else torch.arange(nnz)
+    whole = merge_path_partition(indptr, nnz, rows + nnz + 1)
+    acc = reference_spmm_by_units(indptr, indices, q.to(torch.float32), whole, weight[e])
+    return acc * torch.tensor(scale, dtype=torch.float32)
+
+
+def kernel_order_weighted(
     indptr: torch.Tensor,
     indices: torch.Tensor,
     q: torch.Tensor,
@@ -47,35 +65,28 @@ def csr_order_weighted(
     weight: torch.Tensor,
     eids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Weighted SpMM with each row's float32 additions in CSR order: the order of every
-    kernel (CPU: one thread per row; CUDA: one lane group per row), so they equal this
-    bit for bit. The reference adds in another order and agrees only to rounding."""
+    """Weighted SpMM with the float32 additions in the order of every kernel (CPU and
+    CUDA): over the merge-path units the kernels use (``spmm_items_per_unit``), each
+    row's pieces in CSR order, the pieces of a split row added in unit order; so they
+    equal this bit for bit. The reference adds in another order and agrees only to
+    rounding."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # hundreds of small ops: a thread team costs more than it saves
     try:
-        rows = indptr.numel() - 1
+        rows, nnz = indptr.numel() - 1, indices.numel()
         q3 = q if q.dim() == 3 else q[:, None, :]
-        h, d = q3.shape[1], q3.shape[2]
         w = weight.to(torch.float32)
         if w.dim() == 3:
             w = w[:, :, 0]
         if w.dim() == 1:
             w = w[:, None]
-        w = w.expand(w.shape[0], h)
-        ip = indptr.to(torch.int64)
-        nnz = indices.numel()
-        row_of = torch.repeat_interleave(torch.arange(rows), ip[1:] - ip[:-1])
+        w = w.expand(w.shape[0], q3.shape[1])
         e = eids.to(torch.int64) if eids is not None else torch.arange(nnz)
-        contrib = w[e][:, :, None] * q3[indices.to(torch.int64)].to(torch.float32)  # fl32 products
-        # entries grouped by their position in the row: one add per row and position, in order
-        pos = torch.arange(nnz) - ip[row_of]
-        order = torch.argsort(pos, stable=True)
-        acc = torch.zeros((rows, h, d), dtype=torch.float32)
-        start = 0
-        for count in torch.bincount(pos).tolist():
-            k = order[start : start + count]
-            acc[row_of[k]] += contrib[k]  # rows are distinct within one position
-            start += count
+        per_unit = spmm_items_per_unit(rows, nnz)
+        partition = merge_path_partition(indptr, nnz, per_unit)
+        acc = reference_spmm_by_units(
+            indptr, indices, q3.to(torch.float32), partition, w[e][:, :, None]
+        )
         out = acc * torch.as_tensor(scale, dtype=torch.float32)
         return out if q.dim() == 3 else out[:, 0, :]
     finally:

@@ -13,6 +13,7 @@ from qtrain.ops.partition import (
     WorkPartition,
     merge_path_partition,
     reference_spmm_by_units,
+    spmm_items_per_unit,
 )
 from tests.ops.support import DEVICES
 
@@ -76,6 +77,24 @@ def test_largest_unit_within_1_25x_of_the_mean(name: str, items_per_unit: int) -
     rows = indptr.numel() - 1
     by_rows = row_partition(indptr, -(-rows // partition.units))
     assert imbalance(by_rows) > 1.25
+
+
+@pytest.mark.parametrize("name", sorted(POWER_LAW))
+def test_the_kernels_units_are_balanced(name: str) -> None:
+    """The units the qspmm kernels hand out (spmm_items_per_unit) meet the bar too."""
+    indptr, indices = power_law_csr(POWER_LAW[name])
+    rows, nnz = indptr.numel() - 1, indices.numel()
+    partition = merge_path_partition(indptr, nnz, spmm_items_per_unit(rows, nnz))
+    assert partition.units >= 30 and imbalance(partition) <= 1.25
+
+
+def test_the_kernels_unit_size() -> None:
+    """About 2^13 units, 256 to 2^16 items each (ext/common/merge_path.h computes the same)."""
+    assert spmm_items_per_unit(0, 0) == 256
+    assert spmm_items_per_unit(2_708, 10_556) == 256  # Cora: 52 units
+    assert spmm_items_per_unit(2_449_029, 123_718_280) == 15_402  # products: 8,192 units
+    assert spmm_items_per_unit(1 << 20, (1 << 21) + 1) == 385  # rounds up
+    assert spmm_items_per_unit(1 << 40, 0) == 1 << 16  # capped: a piece stays exact in float32
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,9 +1,10 @@
 """torch.ops.qtrain.qspmm on every device against its reference (qtrain.ops.sparse.reference_qspmm).
 
 The copy form is an exact integer sum, so every kernel equals the reference bit for
-bit. The weighted form adds float32 terms in CSR order in every kernel, so it equals
-the CSR-order emulation (sparse_cases.csr_order_weighted) bit for bit, and the
-reference, which adds in another order, to float32 rounding. On the CPU every ISA
+bit. The weighted form adds float32 terms in the same order in every kernel (each row's
+pieces of the merge-path partition in CSR order, a split row's pieces in unit order), so
+it equals that order's emulation (sparse_cases.kernel_order_weighted) bit for bit, and
+the reference, which adds in another order, to float32 rounding. On the CPU every ISA
 variant runs with 1 and 2 threads.
 """
 
@@ -14,7 +15,8 @@ import torch
 from sparse_cases import (
     INDEX_DTYPES,
     csr,
-    csr_order_weighted,
+    csr_order,
+    kernel_order_weighted,
     q_shape,
     quantized,
 )
@@ -30,6 +32,7 @@ from support import (
     variants,
 )
 
+from qtrain.ops.partition import spmm_items_per_unit
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import reference_qspmm
 
@@ -76,7 +79,7 @@ def test_copy_matches_reference(device: str, dtype: torch.dtype, heads: int, kin
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("heads", [1, 4])
 @pytest.mark.parametrize("with_eids", [False, True])
-def test_weighted_sums_in_csr_order(
+def test_weighted_sums_in_kernel_order(
     device: str, dtype: torch.dtype, heads: int, with_eids: bool
 ) -> None:
     ops = library(device)
@@ -93,7 +96,7 @@ def test_weighted_sums_in_csr_order(
         qd = q.to(device)
         for shape in shapes if width < 600 else shapes[3:4]:
             w = torch.randn(shape, generator=g)
-            want = csr_order_weighted(indptr, indices, q, scale, w, eids)
+            want = kernel_order_weighted(indptr, indices, q, scale, w, eids)
             wd = w.to(device)
             for variant in variants(device):
                 got = ops.qspmm(ip, ix, qd, float(scale), wd, ed)
@@ -111,13 +114,69 @@ def test_large_graph_every_variant(device: str) -> None:
     w = torch.randn(indices.numel(), 4, 1, generator=gen(5))
     eids = torch.randperm(indices.numel(), generator=gen(6))
     ip, ix, qd, wd, ed = _on(device, indptr, indices, q, w, eids)
-    want_heads = csr_order_weighted(indptr, indices, q, scale, w, eids)
-    want_one = csr_order_weighted(indptr, indices, q[:, 0], scale, w[:, 0], eids)
+    want_heads = kernel_order_weighted(indptr, indices, q, scale, w, eids)
+    want_one = kernel_order_weighted(indptr, indices, q[:, 0], scale, w[:, 0], eids)
     want_copy = reference_qspmm(indptr, indices, q, scale)
     for variant in variants(device):
         assert_same(ops.qspmm(ip, ix, qd, float(scale), wd, ed), want_heads, variant)
         assert_same(ops.qspmm(ip, ix, qd[:, 0], float(scale), wd[:, 0], ed), want_one, variant)
         assert_same(ops.qspmm(ip, ix, qd, float(scale)), want_copy, variant)
+
+
+def _hub_graph(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hubs split across merge-path units (256 items each at this size) at the start, in
+    the middle and at the end, between runs of empty and short rows. The first hub's last
+    entry is item 1023, the last of unit 3: its end is unit 4's first item, so its last
+    piece is empty."""
+    degrees = [1024, 0, 0, 1, 3, 0, 31, 0, 2, 1500, 0, 1, 1, 0, 0, 5, 64, 0, 700, 0, 3]
+    ptr = torch.tensor([0, *torch.tensor(degrees).cumsum(0).tolist()])
+    indices = torch.randint(0, 50, (int(ptr[-1]),), generator=gen(21))
+    return ptr.to(dtype), indices.to(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", INDEX_DTYPES)
+def test_hub_rows_split_across_units(device: str, dtype: torch.dtype) -> None:
+    """The kernels hand out merge-path units, not rows: a hub is summed in pieces, the
+    copy form exactly and the weighted form in unit order, on every device and variant."""
+    ops = library(device)
+    indptr, indices = _hub_graph(dtype)
+    nnz = indices.numel()
+    per_unit = spmm_items_per_unit(indptr.numel() - 1, nnz)
+    assert per_unit == 256 and nnz > 12 * per_unit  # the hubs span several units each
+    assert int(indptr[1]) % per_unit == 0  # the first hub's end item opens a unit
+    eids = torch.randperm(nnz, generator=gen(22)).to(dtype)
+    ip, ix, ed = _on(device, indptr, indices, eids)
+    for i, width in enumerate((1, 7, 128, 600)):
+        q = torch.randint(-128, 128, (50, width), dtype=torch.int8, generator=gen(30 + i))
+        w = torch.randn(nnz, generator=gen(40 + i))
+        want_copy = reference_qspmm(indptr, indices, q, 0.375)
+        want_weighted = kernel_order_weighted(indptr, indices, q, 0.375, w, eids)
+        # the unit order is not the CSR order: the test tells a row-parallel kernel apart
+        if width > 1:
+            assert not torch.equal(want_weighted, csr_order(indptr, indices, q, 0.375, w, eids))
+        qd, wd = _on(device, q, w)
+        for variant in variants(device):
+            what = f"{variant}, width {width}"
+            assert_same(ops.qspmm(ip, ix, qd, 0.375), want_copy, what)
+            assert_same(ops.qspmm(ip, ix, qd, 0.375, wd, ed), want_weighted, what)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_units_larger_than_the_minimum(device: str) -> None:
+    """Past 2^21 items a unit holds more than 256: the kernels' unit size is the one
+    qtrain.ops.partition.spmm_items_per_unit says (split rows would differ in their last
+    bits otherwise)."""
+    ops = library(device)
+    indptr, indices = csr(40_000, 5_000, 20, "powerlaw", seed=23)
+    rows, nnz = indptr.numel() - 1, indices.numel()
+    assert spmm_items_per_unit(rows, nnz) > 256
+    q = torch.randint(-128, 128, (5_000, 2), dtype=torch.int8, generator=gen(24))
+    w = torch.randn(nnz, generator=gen(25))
+    want = kernel_order_weighted(indptr, indices, q, 0.5, w, None)
+    ip, ix, qd, wd = _on(device, indptr, indices, q, w)
+    assert_same(ops.qspmm(ip, ix, qd, 0.5, wd), want)
+    assert_same(ops.qspmm(ip, ix, qd, 0.5), reference_qspmm(indptr, indices, q, 0.5))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -188,7 +247,7 @@ def test_edge_cases(device: str) -> None:
         assert not qtd.is_contiguous() and not wtd.is_contiguous()
         want = reference_qspmm(indptr, indices, qt, 0.25)
         assert_same(ops.qspmm(ip, ix, qtd, 0.25), want, variant)
-        want = csr_order_weighted(indptr, indices, qt, 0.25, wt[:, :1], None)
+        want = kernel_order_weighted(indptr, indices, qt, 0.25, wt[:, :1], None)
         assert_same(ops.qspmm(ip, ix, qtd, 0.25, wtd[:, :1]), want, variant)
     # a long row of -128s (sums far beyond int8, still int32)
     indptr = torch.tensor([0, 5000, 5000, 5003])
@@ -200,7 +259,8 @@ def test_edge_cases(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_long_row_does_not_overflow_int32(device: str) -> None:
-    """A row whose int8 sum leaves int32 takes the int64 path (still exact)."""
+    """A row whose int8 sum leaves int32 is exact: its pieces (at most 2^16 entries each)
+    are added in int64."""
     ops = library(device)
     deg = (1 << 31) // 128 + 1  # -128 * deg < -2^31
     out = ops.qspmm(
