@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from qtrain.quant.quantize import _PRE_TINY, _checked, qmax_for
+from qtrain.quant.quantize import PRE_TINY, checked_quantize_args, qmax_for
 from qtrain.quant.rng import counter_uniform
 
 
@@ -72,7 +72,7 @@ def tile_scale_params(absmax: torch.Tensor, qmax: int) -> tuple[torch.Tensor, ..
         scale = a / q
         inv = np.where(a == 0, np.float32(0), q / a).astype(np.float32)
         tiny = (a != 0) & ~np.isfinite(inv)
-        pre = np.where(tiny, np.float32(_PRE_TINY), np.float32(1)).astype(np.float32)
+        pre = np.where(tiny, np.float32(PRE_TINY), np.float32(1)).astype(np.float32)
         inv = np.where(tiny, q / (a * pre), inv).astype(np.float32)
     return tuple(torch.from_numpy(v).to(absmax.device) for v in (pre, inv, scale))
 
@@ -93,7 +93,7 @@ def quantize_tiles(
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a 2-d tensor, got {shape}")
     tile = check_tile(tile, x.shape)
-    xf, bits, rounding, seed = _checked(x, bits, rounding, seed, offset)
+    xf, bits, rounding, seed = checked_quantize_args(x, bits, rounding, seed, offset)
     qmax = qmax_for(bits)
     absmax = _tile_absmax(xf, tile)
     if xf.numel() and not bool(torch.isfinite(absmax).all()):

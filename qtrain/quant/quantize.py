@@ -29,7 +29,7 @@ MIN_BITS = 2
 MAX_BITS = 8
 ROUNDINGS = ("nearest", "stochastic")
 ERROR_X_EPS = 5e-4
-_PRE_TINY = 2.0**64
+PRE_TINY = 2.0**64
 
 
 def check_bits(bits: object) -> int:
@@ -85,7 +85,7 @@ def scale_params(absmax: float, qmax: int) -> tuple[float, float, float]:
         pre = np.float32(1.0)
         inv = np.float32(qmax) / a
         if not np.isfinite(inv):
-            pre = np.float32(_PRE_TINY)
+            pre = np.float32(PRE_TINY)
             inv = np.float32(qmax) / (a * pre)
     return float(pre), float(inv), scale
 
@@ -104,7 +104,7 @@ def quantize_symmetric(
     uses counters ``offset .. offset + numel - 1`` of stream ``seed``, so the
     caller picks disjoint offsets for tensors that must not share randomness.
     """
-    xf, bits, rounding, seed = _checked(x, bits, rounding, seed, offset)
+    xf, bits, rounding, seed = checked_quantize_args(x, bits, rounding, seed, offset)
     absmax = xf.abs().max().item() if xf.numel() else 0.0  # scale 0 for an empty x
     if not np.isfinite(absmax):
         raise ValueError("x contains NaN or Inf; quantization needs finite values")
@@ -125,11 +125,11 @@ def quantize_with_absmax(
     with a range computed earlier). With ``absmax = max |x|`` this is
     ``quantize_symmetric`` bit for bit; an empty x gets the scale of ``absmax``.
     """
-    xf, bits, rounding, seed = _checked(x, bits, rounding, seed, offset)
+    xf, bits, rounding, seed = checked_quantize_args(x, bits, rounding, seed, offset)
     return _quantize_checked(xf, absmax, bits, rounding, seed, offset)
 
 
-def _checked(
+def checked_quantize_args(
     x: torch.Tensor, bits: int, rounding: str, seed: int, offset: int
 ) -> tuple[torch.Tensor, int, str, int]:
     """(float32 x, bits, rounding, seed) validated, the counter range included for both
@@ -145,7 +145,7 @@ def _checked(
 def _quantize_checked(
     xf: torch.Tensor, absmax: float, bits: int, rounding: str, seed: int, offset: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The symmetric rounding rule on arguments :func:`_checked` has validated."""
+    """The symmetric rounding rule on arguments :func:`checked_quantize_args` has validated."""
     qmax = qmax_for(bits)
     n = xf.numel()
     pre, inv, scale = scale_params(absmax, qmax)
