@@ -85,8 +85,5 @@ struct Lanes<isa::kAvx512> {
 #endif
 #pragma GCC diagnostic pop
 
-// Largest row degree whose int8 sum always fits in int32 (127 * d < 2^31, -128 too).
-constexpr int64_t kMaxDegreeInt32 = (int64_t{1} << 31) / 128 - 1;
-
 }  // namespace sparse
 }  // namespace qtrain
