@@ -15,6 +15,7 @@ against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
     python bench/epoch.py --threads 2 --json bench/results/epoch.json
     python bench/epoch.py --threads 2 --models cora-gcn cora-gat cora-sage citeseer-gcn \
         citeseer-gat citeseer-sage   # Planetoid from ../shared/datasets or --planetoid-root
+    python bench/epoch.py --variants fp32 tango tango-row --bits 4   # scales per tensor / row
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def _session(name: str, model: Any, bits: int, seed: int) -> Any:
         return None
     if name == "bf16-autocast":
         return "bf16"
-    quant = parse_quant({"plugin": ["tango"], "tango": {"bits": bits}})
+    scales = "row" if name == "tango-row" else "tensor"  # tango-row: one scale per row
+    quant = parse_quant({"plugin": ["tango"], "tango": {"bits": bits, "scales": scales}})
     return PatchSession(quant, PluginContext(seed=seed, model=model))
 
 
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="+",
         default=["fp32", "bf16-autocast", "tango"],
-        choices=["fp32", "bf16-autocast", "tango"],
+        choices=["fp32", "bf16-autocast", "tango", "tango-row"],
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)

@@ -120,6 +120,20 @@ inline void gemm_bias(const char* fn, const std::optional<at::Tensor>& bias, int
   same_device(fn, "bias", t, first, device);
 }
 
+// An optional per-row / per-column scale of the product's epilogue (int8_gemm's row_scale,
+// col_scale): a dense float32 1-d tensor of n on `device`.
+inline void gemm_scale_vector(const char* fn, const char* name,
+                              const std::optional<at::Tensor>& scale, int64_t n,
+                              const char* first, const at::Device& device) {
+  if (!scale.has_value() || !scale->defined()) return;
+  const at::Tensor& t = *scale;
+  dense(fn, name, t);
+  dtype(fn, name, t, at::kFloat);
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n, fn, ": ", name, " must have shape (", n,
+                    ",), got ", t.sizes());
+  same_device(fn, name, t, first, device);
+}
+
 // ---------------------------------------------------------------- GCINT (requantize, dyq)
 
 // The lowest bit of GCINT's 7-bit window: 0..25, so the window ends at bit 31 at most.

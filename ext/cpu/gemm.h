@@ -14,19 +14,25 @@
 namespace qtrain {
 namespace cpu {
 
-// C (float32 [M, N]) = fl32(float(sum_k qa * qb) * fl32(scale)) (+ bias[n]) for
+// C (float32 [M, N]) = fl32(float(sum_k qa * qb) * f[m, n]) (+ bias[n]) for
 // layout "nn" (qa [M, K], qb [K, N]), "nt" (qb [N, K]) or "tn" (qa [K, M]); bias
-// float (any floating dtype, taken as float32) of N. Arguments as the op's front
-// (ops/int8_gemm.cpp) has checked them: int8 2-d CPU tensors, any strides.
+// float (any floating dtype, taken as float32) of N; f[m, n] =
+// fl32(fl32(fl32(scale) * row_scale[m]) * col_scale[n]), an absent row_scale (float32 [M]) or
+// col_scale (float32 [N]) counting as 1, so f = fl32(scale) without either. Arguments as
+// the op's front (ops/int8_gemm.cpp) has checked them: int8 2-d CPU tensors, any strides.
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
-                     c10::string_view layout, const std::optional<at::Tensor>& bias);
+                     c10::string_view layout, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& row_scale = std::nullopt,
+                     const std::optional<at::Tensor>& col_scale = std::nullopt);
 
 // int8_gemm written into `out`, a contiguous float32 [M, N] CPU tensor (a slice of a larger
 // output may be one: int8_segment_gemm's kernel, cpu/int8_segment_gemm_kernel.cpp). The same
 // kernels and the same bits as int8_gemm, which allocates `out` and calls this.
 void int8_gemm_out(const at::Tensor& qa, const at::Tensor& qb, double scale,
                    c10::string_view layout, const std::optional<at::Tensor>& bias,
-                   const at::Tensor& out);
+                   const at::Tensor& out,
+                   const std::optional<at::Tensor>& row_scale = std::nullopt,
+                   const std::optional<at::Tensor>& col_scale = std::nullopt);
 
 // int8_gemm_int32's CPU kernel (cpu/int8_gemm_int32_kernel.cpp): the exact int32 sums
 // sum_k qa * qb (saturated where K > 131071 lets them leave int32) written into `out`, a

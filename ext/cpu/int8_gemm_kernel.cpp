@@ -3,12 +3,16 @@
 // (cpu/quantized_gemm_kernel.cpp), which calls qtrain::cpu::int8_gemm (cpu/gemm.h).
 //
 //   "nn": C[M,N] = A[M,K] @ B[K,N]   "nt": A[M,K] @ B[N,K]^T   "tn": A[K,M]^T @ B[K,N]
-//   C = fl32(float(acc) * scale) (+ bias[n])        acc = sum_k a*b, exact
+//   C = fl32(float(acc) * f[m, n]) (+ bias[n])        acc = sum_k a*b, exact
+//   f[m, n] = fl32(fl32(scale * row_scale[m]) * col_scale[n])   (an absent vector is 1:
+//             f = scale without either, bit for bit the per-tensor product)
 //
 // The reference is qtrain/ops/gemm.py. Integer accumulation is exact, so the
 // result is bit-identical to it for any blocking, thread count and ISA; the
 // float part is one conversion (round to nearest), one multiply and one add,
-// in that order (-ffp-contract=off, no FMA).
+// in that order (-ffp-contract=off, no FMA). The factor f is computed per element
+// as the reference does: fl32(scale * row_scale[m]) once per tile row (a scalar
+// multiply), times col_scale[n..] as a float32 vector multiply.
 //
 // Kernel families (picked from isa::variant()):
 //
@@ -90,6 +94,8 @@ struct TileArgs {
   const float* bias;    // at the tile's first column, or null
   const int32_t* corr;  // VNNI: 128 * colsum(B) (mod 2^32) at the tile's first column
   float scale;
+  const float* rs;  // row_scale at the tile's first row, or null (1)
+  const float* cs;  // col_scale at the tile's first column, or null (1)
   bool stream;  // full float32 rows go to memory with non-temporal stores (c 64-byte aligned)
   // int64 accumulate epilogue
   int64_t* c64;
@@ -164,8 +170,9 @@ QT_ALWAYS_INLINE QT_TARGET_AVX512 __mmask16 lanes_mask(int valid) {
 
 // Epilogue of the zmm tiles (VNNI and avx512f): with ACC64, widen the int32 sums
 // and add them into the int64 accumulator (split-K); else store
-// fl32(float(acc - corr) * scale) (+ bias), where CORR subtracts VNNI's u8-offset
-// column correction. Masked stores only on a partial last panel (they are slower).
+// fl32(float(acc - corr) * f) (+ bias), where CORR subtracts VNNI's u8-offset
+// column correction and f = fl32(fl32(scale * rs[r]) * cs[c]) (scale without vectors).
+// Masked stores only on a partial last panel (they are slower).
 template <int R, int NV, bool ACC64, bool CORR>
 QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], const TileArgs& t) {
   if constexpr (ACC64) {
@@ -179,9 +186,9 @@ QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], con
       }
     }
   } else {
-    const __m512 vs = _mm512_set1_ps(t.scale);
     __m512i corr[NV];
     __m512 bias[NV];
+    __m512 cs[NV];
     __mmask16 mask[NV];
     const bool full = t.ncols == 16 * NV;
     for (int v = 0; v < NV; ++v) {
@@ -189,8 +196,11 @@ QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], con
       if constexpr (CORR) corr[v] = _mm512_loadu_si512(t.corr + 16 * v);
       bias[v] = t.bias != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.bias + 16 * v)
                                   : _mm512_setzero_ps();
+      cs[v] = t.cs != nullptr ? _mm512_maskz_loadu_ps(mask[v], t.cs + 16 * v)
+                              : _mm512_setzero_ps();
     }
     for (int r = 0; r < R; ++r) {
+      const __m512 vs = _mm512_set1_ps(t.rs != nullptr ? t.scale * t.rs[r] : t.scale);
       for (int v = 0; v < NV; ++v) {
         __m512i sum = acc[r][v];
         if constexpr (CORR) sum = _mm512_sub_epi32(sum, corr[v]);
@@ -198,7 +208,8 @@ QT_ALWAYS_INLINE QT_TARGET_AVX512 void store_tile_zmm(__m512i (&acc)[R][NV], con
           _mm512_mask_storeu_epi32(t.c32 + r * t.ldc + 16 * v, mask[v], sum);
           continue;
         }
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), vs);
+        const __m512 fv = t.cs != nullptr ? _mm512_mul_ps(vs, cs[v]) : vs;
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), fv);
         if (t.bias != nullptr) f = _mm512_add_ps(f, bias[v]);
         if (full && t.stream) {
           _mm512_stream_ps(t.c + r * t.ldc + 16 * v, f);
@@ -334,22 +345,26 @@ QT_TARGET_AVX2 void tile_avx2(const TileArgs& t) {
       }
     }
   } else {
-    const __m256 vs = _mm256_set1_ps(t.scale);
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     __m256i mask[NV];
     __m256 bias[NV];
+    __m256 cs[NV];
     for (int v = 0; v < NV; ++v) {
       mask[v] = _mm256_cmpgt_epi32(_mm256_set1_epi32(t.ncols - 8 * v), iota);
       bias[v] = t.bias != nullptr ? _mm256_maskload_ps(t.bias + 8 * v, mask[v])
                                   : _mm256_setzero_ps();
+      cs[v] = t.cs != nullptr ? _mm256_maskload_ps(t.cs + 8 * v, mask[v]) : _mm256_setzero_ps();
     }
     for (int r = 0; r < R; ++r) {
+      // f = fl32(fl32(scale * rs[r]) * cs[c]), as the zmm epilogue
+      const __m256 vs = _mm256_set1_ps(t.rs != nullptr ? t.scale * t.rs[r] : t.scale);
       for (int v = 0; v < NV; ++v) {
         if (t.c32 != nullptr) {
           _mm256_maskstore_epi32(t.c32 + r * t.ldc + 8 * v, mask[v], acc[r][v]);
           continue;
         }
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), vs);
+        const __m256 fv = t.cs != nullptr ? _mm256_mul_ps(vs, cs[v]) : vs;
+        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), fv);
         if (t.bias != nullptr) f = _mm256_add_ps(f, bias[v]);
         _mm256_maskstore_ps(t.c + r * t.ldc + 8 * v, mask[v], f);
       }
@@ -380,8 +395,10 @@ void tile_default(const TileArgs& t) {
     } else if (t.c32 != nullptr) {
       for (int c = 0; c < t.ncols; ++c) t.c32[r * t.ldc + c] = acc[r][c];
     } else {
+      const float rs = t.rs != nullptr ? t.scale * t.rs[r] : t.scale;
       for (int c = 0; c < t.ncols; ++c) {
-        float f = static_cast<float>(acc[r][c]) * t.scale;
+        const float fc = t.cs != nullptr ? rs * t.cs[c] : rs;
+        float f = static_cast<float>(acc[r][c]) * fc;
         if (t.bias != nullptr) f = f + t.bias[c];
         t.c[r * t.ldc + c] = f;
       }
@@ -454,8 +471,10 @@ struct Problem {
   int64_t M, N, K;
   char layout;  // 'n' = "nn", 't' = "nt", 'T' = "tn"
   float scale;
-  const float* bias;  // [N] or null
-  float* out;         // [M, N], or null when out32 is set
+  const float* bias;       // [N] or null
+  const float* row_scale;  // [M] or null (1)
+  const float* col_scale;  // [N] or null (1)
+  float* out;              // [M, N], or null when out32 is set
   int32_t* out32;     // [M, N] exact int32 sums (int8_gemm_int32), or null
 };
 
@@ -477,10 +496,12 @@ bool streams_output(const Problem& p) {
          reinterpret_cast<uintptr_t>(p.out) % 64 == 0;
 }
 
-// out = fl32(float(acc - corr[n]) * scale) (+ bias[n]) for an int64 block, or into out32
-// the sum itself, saturated to int32.
+// out = fl32(float(acc - corr[n]) * f) (+ bias[n]) for an int64 block, f =
+// fl32(fl32(scale * rs[r]) * cs[c]) (an absent rs / cs is 1), or into out32 the sum itself,
+// saturated to int32. rs / cs point at the block's first row / column.
 void finalize(const int64_t* acc, int64_t ld, int64_t rows, int64_t cols, const int64_t* corr,
-              float scale, const float* bias, float* out, int32_t* out32, int64_t ldo) {
+              float scale, const float* rs, const float* cs, const float* bias, float* out,
+              int32_t* out32, int64_t ldo) {
   if (out32 != nullptr) {
     constexpr int64_t lo = std::numeric_limits<int32_t>::min();
     constexpr int64_t hi = std::numeric_limits<int32_t>::max();
@@ -493,8 +514,10 @@ void finalize(const int64_t* acc, int64_t ld, int64_t rows, int64_t cols, const 
     return;
   }
   for (int64_t r = 0; r < rows; ++r) {
+    const float fr = rs != nullptr ? scale * rs[r] : scale;
     for (int64_t c = 0; c < cols; ++c) {
-      float f = static_cast<float>(acc[r * ld + c] - (corr != nullptr ? corr[c] : 0)) * scale;
+      const float fc = cs != nullptr ? fr * cs[c] : fr;
+      float f = static_cast<float>(acc[r * ld + c] - (corr != nullptr ? corr[c] : 0)) * fc;
       if (bias != nullptr) f = f + bias[c];
       out[r * ldo + c] = f;
     }
@@ -594,6 +617,7 @@ void gemm_rows(const Problem& p) {
       const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
       TileArgs base{};
       base.scale = p.scale;
+      base.rs = p.row_scale != nullptr ? p.row_scale + m0 : nullptr;
       base.stream = stream;
       base.tail = nullptr;
       int64_t a_step;  // A elements advanced per k-step (for chunking)
@@ -643,6 +667,7 @@ void gemm_rows(const Problem& p) {
           ta.ldc = p.N;
           ta.ncols = nc;
           ta.bias = p.bias != nullptr ? p.bias + n0 : nullptr;
+          ta.cs = p.col_scale != nullptr ? p.col_scale + n0 : nullptr;
           ta.corr = corr32.data() + n0;
           pick<F, false>(rows, nv)(ta);
           continue;
@@ -666,7 +691,8 @@ void gemm_rows(const Problem& p) {
           fn(ta);
         }
         finalize(tile64.data(), F::kNR, rows, nc, F::kBytes ? corr64.data() + n0 : nullptr,
-                 p.scale, p.bias != nullptr ? p.bias + n0 : nullptr,
+                 p.scale, base.rs, p.col_scale != nullptr ? p.col_scale + n0 : nullptr,
+                 p.bias != nullptr ? p.bias + n0 : nullptr,
                  p.out != nullptr ? p.out + m0 * p.N + n0 : nullptr,
                  p.out32 != nullptr ? p.out32 + m0 * p.N + n0 : nullptr, p.N);
       }
@@ -766,7 +792,8 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
       for (int64_t n = 0; n < Np; ++n) corr[n] += 128 * sc.cs[n];
     }
   }
-  finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.bias, p.out, p.out32, p.N);
+  finalize(acc.data(), Np, p.M, p.N, corr.data(), p.scale, p.row_scale, p.col_scale, p.bias,
+           p.out, p.out32, p.N);
 }
 
 // "tn" strategy: QTRAIN_GEMM_TN=split|rows forces one (tests and benchmarks), else auto.
@@ -836,9 +863,13 @@ namespace cpu {
 
 void int8_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in, double scale,
                    c10::string_view layout, const std::optional<at::Tensor>& bias_in,
-                   const at::Tensor& out) {
-  at::Tensor bias;
+                   const at::Tensor& out, const std::optional<at::Tensor>& row_scale_in,
+                   const std::optional<at::Tensor>& col_scale_in) {
+  at::Tensor bias, row_scale, col_scale;
   if (bias_in.has_value() && bias_in->defined()) bias = bias_in->to(at::kFloat).contiguous();
+  // float32 [M] / [N] on the CPU, as the front checked
+  if (row_scale_in.has_value() && row_scale_in->defined()) row_scale = row_scale_in->contiguous();
+  if (col_scale_in.has_value() && col_scale_in->defined()) col_scale = col_scale_in->contiguous();
   const at::Tensor qa = qa_in.contiguous();
   const at::Tensor qb = qb_in.contiguous();
   Problem p = problem_of(qa, qb, layout);
@@ -847,6 +878,8 @@ void int8_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in, double scal
   if (p.M == 0 || p.N == 0) return;
   p.scale = static_cast<float>(scale);
   p.bias = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  p.row_scale = row_scale.defined() ? row_scale.const_data_ptr<float>() : nullptr;
+  p.col_scale = col_scale.defined() ? col_scale.const_data_ptr<float>() : nullptr;
   p.out = out.mutable_data_ptr<float>();
   run_problem(p);
 }
@@ -865,13 +898,15 @@ void int8_gemm_int32_out(const at::Tensor& qa_in, const at::Tensor& qb_in,
 }
 
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
-                     c10::string_view layout, const std::optional<at::Tensor>& bias) {
+                     c10::string_view layout, const std::optional<at::Tensor>& bias,
+                     const std::optional<at::Tensor>& row_scale,
+                     const std::optional<at::Tensor>& col_scale) {
   const char lay = layout == "nn" ? 'n' : layout == "nt" ? 't' : 'T';
   const int64_t M = lay == 'T' ? qa.size(1) : qa.size(0);
   const int64_t N = lay == 't' ? qb.size(0) : qb.size(1);
   at::Tensor out = at::empty({M, N}, qa.options().dtype(at::kFloat));
   advise_huge_pages(out.mutable_data_ptr<float>(), static_cast<size_t>(M * N) * sizeof(float));
-  int8_gemm_out(qa, qb, scale, layout, bias, out);
+  int8_gemm_out(qa, qb, scale, layout, bias, out, row_scale, col_scale);
   return out;
 }
 

@@ -16,7 +16,8 @@
 // first multiplied by 2^64 (exact), as the reference does.
 //
 // The two passes are also C++ functions (cpu/quantize.h) for quantized_gemm's CPU
-// kernel, which quantizes with a given range instead of max |x|.
+// kernel, which quantizes with a given range instead of max |x|; their loop bodies are
+// in cpu/quantize_bodies.h, shared with quantize_symmetric_rows.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -35,6 +36,7 @@
 #include "cpu/isa.h"
 #include "cpu/mem.h"
 #include "cpu/quantize.h"
+#include "cpu/quantize_bodies.h"
 #include "cpu/ranges.h"
 
 namespace qtrain {
@@ -42,56 +44,10 @@ namespace {
 
 // ---------------------------------------------------------------- kernel bodies
 
-// max over |x| as bit patterns: for non-negative floats the integer order is
-// the float order, and NaN/Inf compare above every finite value.
-QT_ALWAYS_INLINE uint32_t absmax_bits_body(const float* __restrict x, int64_t n) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, sizeof b);
-    b &= 0x7fffffffu;
-    m = b > m ? b : m;
-  }
-  return m;
-}
-
-// clamp to [-qmax, qmax] in float, before the conversion to int: with a given range
-// (quantize_with_absmax) |v| may be far beyond int32. Rounding (or floor) and clamping
-// to integer bounds commute, so this is the reference's clamp(round(v)) (floor(w)).
-QT_ALWAYS_INLINE float clamp_q(float v, float qmax) {
-  v = v < -qmax ? -qmax : v;
-  return v > qmax ? qmax : v;
-}
-
-// Ties-to-even rounding that vectorizes on every x86 level: for |v| < 2^22,
-// v + 1.5*2^23 lands where the float spacing is 1, so the add rounds v to the
-// nearest integer (ties to even) and the subtraction is exact.
-QT_ALWAYS_INLINE float rint_small(float v) {
-  const float magic = 12582912.0f;  // 1.5 * 2^23
-  return (v + magic) - magic;
-}
-
-QT_ALWAYS_INLINE void nearest_body(const float* __restrict x, int8_t* __restrict q, int64_t n,
-                                   float pre, float inv, int32_t qmax) {
-  const float qf = static_cast<float>(qmax);
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = clamp_q((x[i] * pre) * inv, qf);
-    q[i] = static_cast<int8_t>(static_cast<int32_t>(rint_small(v)));
-  }
-}
-
-QT_ALWAYS_INLINE void stochastic_body(const float* __restrict x, int8_t* __restrict q, int64_t n,
-                                      float pre, float inv, int32_t qmax, uint32_t lo0,
-                                      uint32_t k1, uint32_t kh) {
-  const float qf = static_cast<float>(qmax);
-  for (int64_t i = 0; i < n; ++i) {
-    const float u = rng::to_unit(rng::bits_lo(k1, kh, lo0 + static_cast<uint32_t>(i)));
-    const float w = clamp_q((x[i] * pre) * inv + u, qf);
-    int32_t k = static_cast<int32_t>(w);  // toward zero; |w| <= qmax
-    k -= (w < static_cast<float>(k)) ? 1 : 0;  // floor
-    q[i] = static_cast<int8_t>(k);
-  }
-}
+// (cpu/quantize_bodies.h, shared with quantize_symmetric_rows)
+using cpu::absmax_bits_body;
+using cpu::nearest_body;
+using cpu::stochastic_body;
 
 // ---------------------------------------------------------------- ISA variants
 
@@ -149,12 +105,9 @@ void quantize_with_absmax(const float* x, int8_t* q, int64_t n, float absmax, in
     return;
   }
   const int32_t qmax = (1 << (bits - 1)) - 1;
-  float pre = 1.0f;
-  float inv = static_cast<float>(qmax) / absmax;
-  if (!std::isfinite(inv)) {
-    pre = 18446744073709551616.0f;  // 2^64
-    inv = static_cast<float>(qmax) / (absmax * pre);
-  }
+  const cpu::ScaleParams sp = cpu::scale_params(absmax, qmax);
+  const float pre = sp.pre;
+  const float inv = sp.inv;
   const Kernels& K = kernels();
   if (!stochastic) {
     ranges::parallel(n, [&](int, int64_t b, int64_t e) {

@@ -7,7 +7,9 @@
 // kernel file instantiates only what it launches.
 //
 //   "nn": C[M,N] = A[M,K] @ B[K,N]   "nt": A[M,K] @ B[N,K]^T   "tn": A[K,M]^T @ B[K,N]
-//   C = fl32(float(acc) * scale) (+ bias[n])        acc = sum_k a*b, exact integers
+//   C = fl32(float(acc) * f) (+ bias[n])        acc = sum_k a*b, exact integers
+//   f = fl32(fl32(scale * row_scale[m]) * col_scale[n])   (int8_gemm's optional vectors; an
+//       absent one is 1, so f = scale without either: __fmul_rn, never contracted)
 //
 // Tiling: a block of 256 threads (8 warps, 2 x 4) computes a 64 x 256 tile of C in
 // k-steps of 32, one mma.sync.m16n8k32.s8 per 16 x 8 sub-tile and k-step (each
@@ -98,6 +100,8 @@ struct Epilogue {
   rng::Keys keys;
   uint64_t offset_a;
   const float* bias;         // [N] or null
+  const float* row_scale;    // int8_gemm: [M] or null (1)
+  const float* col_scale;    // int8_gemm: [N] or null (1)
   float* out;                // [M, N], contiguous, 4-byte aligned (a slice of a larger output)
   int32_t* out_i32;          // int8_gemm_int32: exact int32 [M, N] (out unused), or null
   unsigned long long* ws;    // split-K int64 workspace [M, N], or null
@@ -379,6 +383,11 @@ __global__ void __launch_bounds__(NT, 2)
           b0 = __ldg(ep.bias + col);
           if (two) b1 = __ldg(ep.bias + col + 1);
         }
+        float cs0 = 1.0f, cs1 = 1.0f;
+        if (ep.col_scale != nullptr && ep.ws == nullptr) {
+          cs0 = __ldg(ep.col_scale + col);
+          if (two) cs1 = __ldg(ep.col_scale + col + 1);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t row = m0 + wm * 32 + mt * 16 + g + 8 * h;
@@ -400,8 +409,16 @@ __global__ void __launch_bounds__(NT, 2)
             }
             continue;
           }
-          float f0 = __fmul_rn(__int2float_rn(c0), scale);
-          float f1 = __fmul_rn(__int2float_rn(c1), scale);
+          // f = fl32(fl32(scale * row_scale[row]) * col_scale[col]); scale without vectors
+          float s0 = scale;
+          if (ep.row_scale != nullptr) s0 = __fmul_rn(s0, __ldg(ep.row_scale + row));
+          float s1 = s0;
+          if (ep.col_scale != nullptr) {
+            s0 = __fmul_rn(s0, cs0);
+            s1 = __fmul_rn(s1, cs1);
+          }
+          float f0 = __fmul_rn(__int2float_rn(c0), s0);
+          float f1 = __fmul_rn(__int2float_rn(c1), s1);
           if (ep.bias != nullptr) {
             f0 = __fadd_rn(f0, b0);
             f1 = __fadd_rn(f1, b1);
@@ -426,8 +443,8 @@ __global__ void __launch_bounds__(NT, 2)
   }
 }
 
-// Split-K epilogue: C = fl32(float(ws) * scale) (+ bias), absmax of C; or, with out_i32,
-// C = saturate_int32(ws).
+// Split-K epilogue: C = fl32(float(ws) * f) (+ bias), f as gemm_kernel's epilogue, absmax
+// of C; or, with out_i32, C = saturate_int32(ws).
 template <bool QUANTIZED>
 __global__ void __launch_bounds__(NT)
     finalize_kernel(const long long* __restrict__ ws, int64_t M, int64_t N, Epilogue ep) {
@@ -445,7 +462,10 @@ __global__ void __launch_bounds__(NT)
       ep.out_i32[i] = saturate_int32(ws[i]);
       continue;
     }
-    float f = __fmul_rn(__ll2float_rn(ws[i]), scale);
+    float s = scale;
+    if (ep.row_scale != nullptr) s = __fmul_rn(s, __ldg(ep.row_scale + i / N));
+    if (ep.col_scale != nullptr) s = __fmul_rn(s, __ldg(ep.col_scale + i % N));
+    float f = __fmul_rn(__ll2float_rn(ws[i]), s);
     if (ep.bias != nullptr) f = __fadd_rn(f, __ldg(ep.bias + i % N));
     ep.out[i] = f;
     amax = max(amax, abs_bits(f));

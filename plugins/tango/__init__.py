@@ -79,6 +79,11 @@ class TangoConfig:
     rounding: Literal["stochastic", "nearest"] = option(
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
     )
+    scales: Literal["tensor", "row"] = option(
+        "tensor",
+        "one scale per tensor (the paper's) or one per row: per node for the features a GEMM "
+        "or SpMM reads, per output feature for a weight (finer levels at 4 bits and below)",
+    )
     cache: bool = option(
         True, "reuse quantized tensors between primitives and from forward to backward"
     )
@@ -176,6 +181,7 @@ class TangoPlugin(Plugin):
             self.policy = QuantPolicy(
                 bits=int(bits),
                 rounding=cfg.rounding,
+                scales=cfg.scales,
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
                 backend=cfg.backend,
@@ -254,6 +260,7 @@ class TangoPlugin(Plugin):
             graph,
             target=config.error_x_target if target is None else target,
             rounding=config.rounding,
+            scales=config.scales,
             seed=seed,
             device=device,
         )
@@ -494,6 +501,7 @@ class TangoPlugin(Plugin):
         out: dict[str, Any] = {
             "bits": policy.bits if policy else self.config.bits,
             "rounding": self.config.rounding,
+            "scales": self.config.scales,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,
             # what was done, not what was asked: a user's loop may name no output layer
             "fp32_before_softmax": self.output_layer_kept,

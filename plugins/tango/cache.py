@@ -59,11 +59,14 @@ class _Entry:
 
 
 class QuantCache:
-    """Quantized versions of live tensors, keyed by identity and version; counts hits and misses."""
+    """Quantized versions of live tensors, keyed by identity and version; counts hits and misses.
+
+    A tensor may have several entries, one per set of settings (its rows' and its
+    columns' quantizations with per-row scales)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[int, _Entry] = {}
+        self._entries: dict[int, dict[tuple[object, ...], _Entry]] = {}
         # int8 tensor -> its transpose, contiguous (None: asked for once); an entry dies
         # with its int8 tensor
         self._transposed: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -71,7 +74,8 @@ class QuantCache:
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return sum(len(by_settings) for by_settings in self._entries.values())
 
     def get_or_quantize(
         self,
@@ -83,13 +87,8 @@ class QuantCache:
         key = id(x)
         fingerprint = _fingerprint(x)
         with self._lock:
-            entry = self._entries.get(key)
-            if (
-                entry is not None
-                and entry.ref() is x
-                and entry.fingerprint == fingerprint
-                and entry.settings == settings
-            ):
+            entry = self._entries.get(key, {}).get(settings)
+            if entry is not None and entry.ref() is x and entry.fingerprint == fingerprint:
                 self.hits += 1
                 return entry.value
         value = quantize(x)
@@ -97,25 +96,40 @@ class QuantCache:
             note_copy(part, x)
         with self._lock:
             self.misses += 1
-            self._entries[key] = _Entry(
-                weakref.ref(x, self._forget_callback(key)), fingerprint, settings, value
-            )
+            self._store(key, x, fingerprint, settings, value)
         return value
 
     def put(self, x: torch.Tensor, settings: tuple[object, ...], value: Quantized) -> None:
         """Store ``value`` as the quantization of ``x`` under ``settings``: one the caller
         derived from another entry (dropout of the int8 features), not from ``x``'s values."""
-        key = id(x)
         with self._lock:
-            self._entries[key] = _Entry(
-                weakref.ref(x, self._forget_callback(key)), _fingerprint(x), settings, value
-            )
+            self._store(id(x), x, _fingerprint(x), settings, value)
+
+    def _store(
+        self,
+        key: int,
+        x: torch.Tensor,
+        fingerprint: tuple[object, ...],
+        settings: tuple[object, ...],
+        value: Quantized,
+    ) -> None:
+        """(With the lock held.) A tensor other than the one the id named before, or the
+        same one changed since, starts a fresh set of entries."""
+        by_settings = self._entries.get(key)
+        first = next(iter(by_settings.values()), None) if by_settings else None
+        if first is None or first.ref() is not x or first.fingerprint != fingerprint:
+            by_settings = self._entries[key] = {}
+            ref = weakref.ref(x, self._forget_callback(key))
+        else:
+            ref = first.ref
+        by_settings[settings] = _Entry(ref, fingerprint, settings, value)
 
     def _forget_callback(self, key: int) -> Callable[[weakref.ReferenceType[torch.Tensor]], None]:
         def forget(ref: weakref.ReferenceType[torch.Tensor]) -> None:
             with self._lock:
-                entry = self._entries.get(key)
-                if entry is not None and entry.ref is ref:
+                by_settings = self._entries.get(key)
+                first = next(iter(by_settings.values()), None) if by_settings else None
+                if first is not None and first.ref is ref:
                     del self._entries[key]
 
         return forget
@@ -152,6 +166,6 @@ class QuantCache:
             return {
                 "hits": self.hits,
                 "misses": self.misses,
-                "entries": len(self._entries),
+                "entries": sum(len(by_settings) for by_settings in self._entries.values()),
                 "transposed": sum(t is not None for t in self._transposed.values()),
             }

@@ -2,7 +2,8 @@
 
 The first epoch's forward runs, in float32, up to the output of the model's
 first GNN layer; that output is quantized at every bit count 2..8 and
-Error_X is computed against it. The chosen count is the smallest whose
+Error_X is computed against it, with the scales the run will use (one per tensor,
+or one per row). The chosen count is the smallest whose
 Error_X is at or under the target (0.3 by default, the paper's threshold).
 The input features are not measured: the paper notes their error is
 recovered by learning from the graph structure.
@@ -21,7 +22,7 @@ import torch
 
 from qtrain.data.base import FEAT
 from qtrain.errors import QtrainError
-from qtrain.ops.quantize import quantize
+from qtrain.ops.quantize import quantize, quantize_per_row
 from qtrain.plugin import Calibration
 from qtrain.quant.quantize import MAX_BITS, MIN_BITS, dequantize, error_x
 
@@ -29,12 +30,18 @@ DEFAULT_TARGET = 0.3
 
 
 def error_x_by_bits(
-    x: torch.Tensor, rounding: str = "stochastic", seed: int = 0
+    x: torch.Tensor, rounding: str = "stochastic", seed: int = 0, scales: str = "tensor"
 ) -> dict[int, float]:
-    """Error_X of x quantized at each bit count 2..8."""
+    """Error_X of x quantized at each bit count 2..8, with one scale for x or one per row."""
     table: dict[int, float] = {}
+    rows = scales == "row" and x.dim() >= 2
     for bits in range(MIN_BITS, MAX_BITS + 1):
-        q, scale = quantize(x, bits, rounding, seed=seed)
+        if rows:
+            q, scale = quantize_per_row(x.reshape(x.shape[0], -1), bits, rounding, seed=seed)
+            q = q.view(x.shape)
+            scale = scale.view(x.shape[0], *[1] * (x.dim() - 1))
+        else:
+            q, scale = quantize(x, bits, rounding, seed=seed)
         table[bits] = error_x(x, dequantize(q, scale))
     return table
 
@@ -97,6 +104,7 @@ def calibrate_model(
     *,
     target: float = DEFAULT_TARGET,
     rounding: str = "stochastic",
+    scales: str = "tensor",
     seed: int = 0,
     device: torch.device | None = None,
 ) -> Calibration:
@@ -104,6 +112,6 @@ def calibrate_model(
     if not target > 0:
         raise QtrainError(f"error_x_target must be > 0, got {target}")
     x = first_layer_output(model, graph, device)
-    errors = error_x_by_bits(x, rounding, seed)
+    errors = error_x_by_bits(x, rounding, seed, scales)
     bits, met = choose_bits(errors, target)
     return Calibration(bits, errors, float(target), met, shape=tuple(x.shape))

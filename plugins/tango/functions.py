@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
+from qtrain.plugins.tango.policy import COLUMNS, ROWS, TENSOR, NonFiniteOperand, QuantPolicy
 
 from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import GraphCSR
@@ -85,8 +85,11 @@ def _unpacked(ctx: Any) -> tuple[list[Any], list[Any]]:
     return saved[:width], saved[width:]
 
 
-def _operands(ctx: Any, stored: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The quantized operands: reused from forward (cache on) or quantized now (cache off)."""
+def _operands(
+    ctx: Any, stored: list[Any], by: str = ROWS
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The quantized operands: reused from forward (cache on) or quantized now ``by`` (cache
+    off)."""
     policy: QuantPolicy = ctx.policy
     if ctx.keeps_quantized:
         pairs = [(stored[i], stored[i + 1]) for i in range(0, len(stored), 2)]
@@ -94,7 +97,7 @@ def _operands(ctx: Any, stored: list[Any]) -> list[tuple[torch.Tensor, torch.Ten
             if q is not None:
                 policy.note_reuse()
         return pairs
-    return [(None, None) if t is None else policy.fresh(t) for t in stored]
+    return [(None, None) if t is None else policy.fresh(t, False, by) for t in stored]
 
 
 def _restored(ctx: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -210,6 +213,83 @@ class QuantLinear(torch.autograd.Function):
         return grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
 
 
+class RowQuantLinear(torch.autograd.Function):
+    """:class:`QuantLinear` with one scale per row or column (the policy's ``scales =
+    "row"``): every operand is quantized along the dimension its product keeps, so no
+    scale varies along a sum and every product stays an exact integer one::
+
+        forward  Y  = X W^T (linear, W [N, K]):  X by rows,  W by rows      ("nt")
+                 Y  = X W   (matmul, W [K, N]):  X by rows,  W by columns   ("nn")
+        dX       dY W   / dY W^T:                dY by rows, W by columns / by rows
+        dW       dY^T X / X^T dY:                dY and X by columns        ("tn")
+
+    X's rows serve the forward (and an SpMM reading X: one cache entry); X's columns,
+    quantized in the forward when W needs a gradient, are what backward keeps (cache on),
+    or X itself (cache off). W is the parameter: backward reads its other side from the
+    cache (one quantization a step)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        policy: QuantPolicy,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: Any,
+        linear: bool,
+        recording: bool,
+    ) -> torch.Tensor:  # type: ignore[override]
+        qx, sx = policy.cached(x, recording, ROWS)
+        qw, sw = policy.cached(w, recording, ROWS if linear else COLUMNS)
+        out = int8_gemm(qx, qw, sx, sw, "nt" if linear else "nn", bias, policy.backend)
+        needs = ctx.needs_input_grad  # (policy, x, w, bias, linear, recording)
+        ctx.policy, ctx.linear, ctx.has_bias = policy, linear, bias is not None
+        ctx.keeps_quantized = policy.cache is not None
+        ctx.x_constant = policy.constant(x, recording)
+        x_cols: tuple[torch.Tensor, ...] = ()
+        if needs[2]:
+            x_cols = policy.cached(x, recording, COLUMNS) if ctx.keeps_quantized else (x,)
+        ctx.save_for_backward(*x_cols, w if needs[1] else None)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return _backward(ctx, grad, "gemm", RowQuantLinear._grads, RowQuantLinear._fp32_grads)
+
+    @staticmethod
+    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        policy: QuantPolicy = ctx.policy
+        saved = ctx.saved_tensors
+        grad = grad.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[1]:
+            qw, sw = policy.cached(saved[-1], True, COLUMNS if ctx.linear else ROWS)
+            qg, sg = policy.gradient(grad, ROWS)
+            dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
+        if ctx.needs_input_grad[2]:
+            if ctx.keeps_quantized:
+                qxc, sxc = saved[0], saved[1]
+                policy.note_reuse()
+            else:
+                qxc, sxc = policy.fresh(saved[0], False, COLUMNS)
+            qgc, sgc = policy.gradient(grad, COLUMNS)
+            dw = QuantLinear._weight_grad(ctx, qxc, sxc, qgc, sgc)
+        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return None, dx, dw, bias_grad, None, None
+
+    @staticmethod
+    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        saved = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[1]:
+            w = saved[-1]
+            dx = grad @ w if ctx.linear else grad @ w.t()
+        if ctx.needs_input_grad[2]:
+            x = dequantize(saved[0], saved[1]) if ctx.keeps_quantized else saved[0]
+            dw = grad.t() @ x if ctx.linear else x.t() @ grad
+        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return None, dx, dw, bias_grad, None, None
+
+
 def quant_linear(
     policy: QuantPolicy,
     x: torch.Tensor,
@@ -219,11 +299,12 @@ def quant_linear(
     linear: bool,
 ) -> torch.Tensor:
     """Quantized dense product for x of any rank >= 2 (leading dims flattened)."""
+    function = RowQuantLinear if policy.scales == "row" else QuantLinear
     if x.dim() == 2:
-        return QuantLinear.apply(policy, x, w, bias, linear, torch.is_grad_enabled())
+        return function.apply(policy, x, w, bias, linear, torch.is_grad_enabled())
     lead = x.shape[:-1]
     flat = x.reshape(-1, x.shape[-1])
-    out = QuantLinear.apply(policy, flat, w, bias, linear, torch.is_grad_enabled())
+    out = function.apply(policy, flat, w, bias, linear, torch.is_grad_enabled())
     return out.reshape(*lead, out.shape[-1])
 
 
@@ -244,8 +325,9 @@ class QuantSegmentMM(torch.autograd.Function):
         offsets: torch.Tensor,
         recording: bool,
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = _operand(policy, x, recording)
-        qw, sw = _operand(policy, w, recording)
+        # the segment GEMM takes one scale per operand
+        qx, sx = policy.cached(x, recording, TENSOR)
+        qw, sw = policy.cached(w, recording, TENSOR)
         out = int8_segment_gemm(qx, qw, offsets, sx, sw, "nn", policy.backend)
         needs = ctx.needs_input_grad  # (policy, x, w, offsets): dX reads w, dW reads x
         _saved(ctx, policy, (x, w), ((qx, sx), (qw, sw)), (offsets,), needed=(needs[2], needs[1]))
@@ -260,9 +342,9 @@ class QuantSegmentMM(torch.autograd.Function):
     @staticmethod
     def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
         stored, (offsets,) = _unpacked(ctx)
-        (qx, sx), (qw, sw) = _operands(ctx, stored)
+        (qx, sx), (qw, sw) = _operands(ctx, stored, TENSOR)
         policy: QuantPolicy = ctx.policy
-        qg, sg = policy.gradient(grad.contiguous())
+        qg, sg = policy.gradient(grad.contiguous(), TENSOR)
         dx = dw = None
         if ctx.needs_input_grad[1]:
             dx = int8_segment_gemm(qg, qw, offsets, sg, sw, "nt", policy.backend)

@@ -1,10 +1,21 @@
-"""How a run quantizes: bit count, rounding, the random stream, the cache, the backend.
+"""How a run quantizes: bit count, rounding, scale granularity, the random stream, the
+cache, the backend.
 
 One ``QuantPolicy`` lives for one plugin activation. Stochastic rounding takes
 its counters from one stream per policy: each quantization takes the next
 ``numel`` counters, so a run with the same seed and the same sequence of
 calls draws the same random numbers (runs repeat), and no two tensors share
 randomness.
+
+Scales (issue 32): ``"tensor"`` gives every quantized tensor one scale (tango-sc23's
+rule). ``"row"`` gives one scale per row, so a few large rows (hub nodes, a large
+output feature) no longer leave the others with one or two levels at 4 bits. A
+product can only take scales that do not vary along the dimension it sums over, so
+each caller says which quantization it needs (``by``): ``"rows"`` (one scale per row of
+x: a GEMM's left operand, an SpMM's gathered rows), ``"columns"`` (one scale per
+column, q in x's layout: the operands of a product that sums over x's rows, such as a
+weight gradient X^T dY, or a weight read as ``x @ W``) or ``"tensor"`` (a product whose kernel takes one scale). With
+``scales = "tensor"`` every ``by`` gives the per-tensor quantization.
 """
 
 from __future__ import annotations
@@ -16,9 +27,11 @@ from dataclasses import dataclass, field
 import torch
 from qtrain.plugins.tango.cache import QuantCache, Quantized
 
-from qtrain.ops.quantize import quantize
+from qtrain.ops.quantize import quantize, quantize_per_column, quantize_per_row
 
 _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
+SCALES = ("tensor", "row")  # the scale granularities a policy can quantize with
+ROWS, COLUMNS, TENSOR = "rows", "columns", "tensor"  # what a primitive asks for (``by``)
 
 
 class NonFiniteOperand(ValueError):
@@ -35,6 +48,7 @@ class QuantPolicy:
 
     bits: int = 8
     rounding: str = "stochastic"
+    scales: str = "tensor"
     seed: int = 0
     cache: QuantCache | None = field(default_factory=QuantCache)
     backend: str = "auto"
@@ -49,13 +63,13 @@ class QuantPolicy:
             self._offset += n
         return start
 
-    def gradient(self, grad: torch.Tensor) -> Quantized:
+    def gradient(self, grad: torch.Tensor, by: str = ROWS) -> Quantized:
         """Quantize an incoming gradient. Through the cache when it is on: autograd hands
         one tensor to every branch of a sum (RGCN's relation messages plus its self-loop,
         a residual), and each branch's quantized backward then reads one quantization
         instead of making its own. The cache holds tensors weakly, so no gradient outlives
         its backward."""
-        return self._through_cache(grad, constant=False)
+        return self._through_cache(grad, False, by)
 
     @staticmethod
     def constant(x: torch.Tensor, recording: bool | None = None) -> bool:
@@ -71,8 +85,8 @@ class QuantPolicy:
             recording = torch.is_grad_enabled()
         return not (recording and x.requires_grad)
 
-    def fresh(self, x: torch.Tensor, constant: bool = False) -> Quantized:
-        """Quantize x now (anything that is used once).
+    def fresh(self, x: torch.Tensor, constant: bool = False, by: str = ROWS) -> Quantized:
+        """Quantize x now (anything that is used once), ``by`` as the module doc says.
 
         Stochastic rounding draws from the stream, except for a ``constant``
         (:meth:`constant`): that draws from a seed of its own at counter 0, so its
@@ -88,37 +102,53 @@ class QuantPolicy:
             else:
                 offset = self._take(x.numel())
         try:
-            return quantize(
-                x, self.bits, self.rounding, seed=seed, offset=offset, backend=self.backend
-            )
+            return self._quantize(x, self.granularity(x, by), seed, offset)
         except ValueError:
             # checked only once the quantizer has refused x: no extra pass when x is finite
             if bool(torch.isfinite(x).all()):
                 raise
             raise NonFiniteOperand("operand holds NaN or Inf") from None
 
-    def cached(self, x: torch.Tensor, recording: bool | None = None) -> Quantized:
+    def granularity(self, x: torch.Tensor, by: str) -> str:
+        """What x is quantized by: ``by``, or one scale for the whole tensor where the
+        policy's scales are per tensor or x has no rows to speak of (one dimension)."""
+        if self.scales == "tensor" or x.dim() < 2 or (by == COLUMNS and x.dim() != 2):
+            return TENSOR
+        return by
+
+    def _quantize(self, x: torch.Tensor, by: str, seed: int, offset: int) -> Quantized:
+        args = (self.bits, self.rounding, seed, offset, self.backend)
+        if by == TENSOR:
+            return quantize(x, *args)
+        if by == COLUMNS:
+            return quantize_per_column(x, *args)
+        q, scale = quantize_per_row(x.reshape(x.shape[0], -1), *args)
+        return q.view(x.shape), scale.view(x.shape[0], *[1] * (x.dim() - 1))
+
+    def cached(self, x: torch.Tensor, recording: bool | None = None, by: str = ROWS) -> Quantized:
         """Quantize a forward operand, reusing an earlier quantization of the same unchanged
         tensor if cached (a constant's and a stream draw's are kept apart: a weight an
         evaluation quantized is not what the next training step draws). ``recording`` as
-        in :meth:`constant`."""
-        return self._through_cache(x, constant=self.constant(x, recording))
+        in :meth:`constant`; ``by`` as the module doc says."""
+        return self._through_cache(x, self.constant(x, recording), by)
 
-    def _through_cache(self, x: torch.Tensor, constant: bool) -> Quantized:
+    def _through_cache(self, x: torch.Tensor, constant: bool, by: str) -> Quantized:
         if self.cache is None:
-            return self.fresh(x, constant)
+            return self.fresh(x, constant, by)
         return self.cache.get_or_quantize(
-            x, self._settings(constant), lambda t: self.fresh(t, constant)
+            x,
+            self._settings(constant, self.granularity(x, by)),
+            lambda t: self.fresh(t, constant, by),
         )
 
-    def store(self, x: torch.Tensor, value: Quantized) -> None:
-        """Cache ``value`` as the forward operand ``x``'s quantization (with the cache on)."""
+    def store(self, x: torch.Tensor, value: Quantized, by: str = ROWS) -> None:
+        """Cache ``value`` as the forward operand ``x``'s quantization ``by`` (with the cache on)."""
         if self.cache is not None:
-            self.cache.put(x, self._settings(self.constant(x)), value)
+            self.cache.put(x, self._settings(self.constant(x), self.granularity(x, by)), value)
 
-    def _settings(self, constant: bool) -> tuple[object, ...]:
+    def _settings(self, constant: bool, granularity: str) -> tuple[object, ...]:
         """What a cached quantization was made under (a constant's kept apart)."""
-        return (self.bits, self.rounding, self.seed, constant)
+        return (self.bits, self.rounding, self.seed, constant, granularity)
 
     def fp32(self, primitive: str, why: str) -> None:
         """Report that a part of ``primitive`` ran in float32 (see ``on_fp32``)."""

@@ -32,6 +32,18 @@ def quantize_symmetric(
     return _empty(x.shape, torch.int8, x), _empty((), torch.float32, x)
 
 
+def quantize_symmetric_rows(
+    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0
+) -> tuple[Tensor, Tensor]:
+    return _empty(x.shape, torch.int8, x), _empty((x.shape[0], 1), torch.float32, x)
+
+
+def quantize_symmetric_cols(
+    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0
+) -> tuple[Tensor, Tensor]:
+    return _empty(x.shape, torch.int8, x), _empty((1, x.shape[1]), torch.float32, x)
+
+
 def fill_counter_uniform(out: Tensor, seed: int = 0, offset: int = 0) -> None:
     return None
 
@@ -69,7 +81,13 @@ def _gemm_shape(a: Tensor, b: Tensor, layout: str) -> tuple[Any, Any]:
 
 
 def int8_gemm(
-    qa: Tensor, qb: Tensor, scale: float, layout: str, bias: Tensor | None = None
+    qa: Tensor,
+    qb: Tensor,
+    scale: float,
+    layout: str,
+    bias: Tensor | None = None,
+    row_scale: Tensor | None = None,
+    col_scale: Tensor | None = None,
 ) -> Tensor:
     return _empty(_gemm_shape(qa, qb, layout), torch.float32, qa)
 
@@ -218,6 +236,8 @@ FAKES: dict[str, Callable[..., Any]] = {
     fn.__name__: fn
     for fn in (
         quantize_symmetric,
+        quantize_symmetric_rows,
+        quantize_symmetric_cols,
         fill_counter_uniform,
         qspmm,
         qsddmm,

@@ -180,15 +180,39 @@ def combined_scale(scale_a: torch.Tensor | float, scale_b: torch.Tensor | float)
     return float((a * b).item())
 
 
+def _check_scale_vector(name: str, t: object, n: int, like: torch.Tensor) -> torch.Tensor:
+    """A per-row / per-column scale of the op: float32, shape (n,), on qa's device (the
+    op's front refuses the same with the same exceptions)."""
+    t = _dense(name, t)
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {_dtype_name(t.dtype)}")
+    if t.dim() != 1 or t.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},), got {list(t.shape)}")
+    _check_same_device(name, t, "qa", like)
+    return t
+
+
 def reference_int8_gemm(
     qa: torch.Tensor,
     qb: torch.Tensor,
     scale: float,
     layout: str = "nn",
     bias: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    col_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The pure-PyTorch definition: float64 products are exact for these integer ranges."""
-    _check_int8_gemm(qa, qb, layout, bias)
+    """The pure-PyTorch definition: float64 products are exact for these integer ranges.
+
+    ``row_scale`` [M] / ``col_scale`` [N] (float32, optional) refine the one ``scale``::
+
+        C[m, n] = fl32(float(acc) * fl32(fl32(scale * row_scale[m]) * col_scale[n])) (+ bias[n])
+
+    (an absent vector is 1: without either, the factor is ``scale``)."""
+    m, _, n = _check_int8_gemm(qa, qb, layout, bias)
+    if row_scale is not None:
+        _check_scale_vector("row_scale", row_scale, m, qa)
+    if col_scale is not None:
+        _check_scale_vector("col_scale", col_scale, n, qa)
     a = qa.to(torch.float64)
     b = qb.to(torch.float64)
     if layout == "nt":
@@ -198,10 +222,33 @@ def reference_int8_gemm(
     # exact integers, |acc| < 2^53; "+ 0.0" makes a float64 -0.0 (e.g. K = 1 and -3 * 0)
     # the integer 0 it stands for, so the sign of a zero output is that of scale (+ bias)
     acc = a @ b + 0.0
-    out = acc.to(torch.float32) * torch.tensor(scale, dtype=torch.float32, device=acc.device)
+    factor = torch.tensor(scale, dtype=torch.float32, device=acc.device)
+    if row_scale is not None:
+        factor = (factor * row_scale)[:, None]
+    if col_scale is not None:
+        factor = factor * col_scale[None, :]
+    out = acc.to(torch.float32) * factor
     if bias is not None:
         out = out + bias.to(torch.float32)
     return out
+
+
+def per_tensor(scale: torch.Tensor | float) -> bool:
+    """True for one scale for a whole tensor (a number or a 0-d tensor), False for a
+    tensor of scales (one per row)."""
+    return not isinstance(scale, torch.Tensor) or scale.dim() == 0
+
+
+def _scale_vector(name: str, scale: object, n: int, like: torch.Tensor) -> torch.Tensor:
+    """Scales of one operand's rows (or columns) as float32 ``[n]``: a tensor of n values in
+    any shape that holds them in one row or column (``[n]``, ``[n, 1]``, ``[1, n]``)."""
+    t = _dense(name, scale)
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {_dtype_name(t.dtype)}")
+    if t.numel() != n or sum(d != 1 for d in t.shape) > 1:
+        raise ValueError(f"{name} must hold one value per row ({n}), got shape {list(t.shape)}")
+    _check_same_device(name, t, "qa", like)
+    return t.reshape(n).contiguous()
 
 
 def int8_gemm(
@@ -215,14 +262,33 @@ def int8_gemm(
 ) -> torch.Tensor:
     """float32 ``dequant(qa) @ dequant(qb)`` in ``layout`` (see the module docstring), plus bias.
 
-    The op takes the scale as a number: a scale on the GPU is read back once here.
+    ``scale_a`` is one scale for all of qa or one per row of the product (M values, such as
+    the ``[M, 1]`` scales of ``qtrain.ops.quantize.quantize_per_row``); ``scale_b`` one for
+    all of qb or one per column of the product (N values, such as the ``[1, N]`` scales of
+    ``quantize_per_column``). Per-row / per-column scales never vary along the summed
+    dimension, so the sum stays an exact integer one, and the op applies them in its
+    epilogue (:func:`reference_int8_gemm`'s ``row_scale`` / ``col_scale``; a per-tensor
+    scale on the other side is its ``scale``)::
+
+        C[m, n] = fl32(float(acc[m, n]) * fl32(scale_a[m] * scale_b[n])) (+ bias[n])
+
+    A per-tensor scale is passed to the op as a number: one on the GPU is read back here.
     """
-    scale = combined_scale(scale_a, scale_b)
     chosen = dispatch.resolve("gemm", _tensor("qa", qa), backend, kernels=GEMM_KERNELS)
+    if per_tensor(scale_a) and per_tensor(scale_b):
+        scale = combined_scale(scale_a, scale_b)
+        with dispatch.call("gemm", chosen):
+            if chosen == "reference":
+                return reference_int8_gemm(qa, qb, scale, layout, bias)
+            return torch.ops.qtrain.int8_gemm(qa, qb, scale, layout, bias)
+    m, _, n = _check_int8_gemm(qa, _tensor("qb", qb), layout, bias)
+    row = None if per_tensor(scale_a) else _scale_vector("scale_a", scale_a, m, qa)
+    col = None if per_tensor(scale_b) else _scale_vector("scale_b", scale_b, n, qa)
+    scale = combined_scale(scale_a if row is None else 1.0, scale_b if col is None else 1.0)
     with dispatch.call("gemm", chosen):
         if chosen == "reference":
-            return reference_int8_gemm(qa, qb, scale, layout, bias)
-        return torch.ops.qtrain.int8_gemm(qa, qb, scale, layout, bias)
+            return reference_int8_gemm(qa, qb, scale, layout, bias, row, col)
+        return torch.ops.qtrain.int8_gemm(qa, qb, scale, layout, bias, row, col)
 
 
 # ------------------------------------------------------------------ quantized_gemm

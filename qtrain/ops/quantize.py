@@ -10,10 +10,15 @@ from __future__ import annotations
 import torch
 
 from qtrain.ops import dispatch
+from qtrain.quant import granular
 from qtrain.quant import quantize as ref
 from qtrain.quant.rng import op_seed
 
 QUANTIZE_KERNELS = ("ext-cpu", "ext-cuda")
+# compiled backends implementing quantize_symmetric_rows
+ROW_QUANTIZE_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
+# compiled backends implementing quantize_symmetric_cols
+COL_QUANTIZE_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
 
 
 def quantize(
@@ -36,6 +41,53 @@ def quantize(
         if chosen == "reference":
             return ref.quantize_symmetric(xf, bits, rounding, seed, offset)
         return torch.ops.qtrain.quantize_symmetric(
+            xf, bits, ref.stochastic(rounding), op_seed(seed), offset
+        )
+
+
+def quantize_per_row(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantization with one scale per row of a 2-d x: ``(q int8, scale float32
+    [rows, 1])``, x ~ q * scale (the scale broadcasts over the row).
+
+    Every row is ``quantize_symmetric`` of that row with the counters of its elements' flat
+    indices in x (``offset + i * cols + j``): the reference is
+    ``qtrain.quant.granular.quantize_tiles(x, bits, (1, cols))``.
+    """
+    xf = ref.as_float32(x)
+    chosen = dispatch.resolve("quantize_rows", xf, backend, kernels=ROW_QUANTIZE_KERNELS)
+    with dispatch.call("quantize_rows", chosen):
+        if chosen == "reference":
+            return granular.quantize_rows_symmetric(xf, bits, rounding, seed, offset)
+        return torch.ops.qtrain.quantize_symmetric_rows(
+            xf, bits, ref.stochastic(rounding), op_seed(seed), offset
+        )
+
+
+def quantize_per_column(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric quantization with one scale per column of a 2-d x: ``(q int8 in x's layout,
+    scale float32 [1, cols])``, x ~ q * scale. The operand of a product that sums over x's
+    rows (a weight gradient X^T dY reads X through the GEMM's "tn" layout), without
+    transposing x. Reference: ``qtrain.quant.granular.quantize_cols_symmetric``."""
+    xf = ref.as_float32(x)
+    chosen = dispatch.resolve("quantize_cols", xf, backend, kernels=COL_QUANTIZE_KERNELS)
+    with dispatch.call("quantize_cols", chosen):
+        if chosen == "reference":
+            return granular.quantize_cols_symmetric(xf, bits, rounding, seed, offset)
+        return torch.ops.qtrain.quantize_symmetric_cols(
             xf, bits, ref.stochastic(rounding), op_seed(seed), offset
         )
 

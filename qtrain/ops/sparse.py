@@ -48,7 +48,7 @@ from __future__ import annotations
 import torch
 
 from qtrain.ops import dispatch
-from qtrain.ops.gemm import combined_scale
+from qtrain.ops.gemm import combined_scale, per_tensor
 
 SPMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qspmm
 SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qsddmm
@@ -249,6 +249,22 @@ def reference_qspmm(
     return out if q.dim() == 3 else out[:, 0, :]
 
 
+def row_scales(fn: str, name: str, scale: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """One scale per row of q (``[N]``, ``[N, 1]`` or ``[N, 1, 1]``) as float32 ``[N]``;
+    ValueError / TypeError naming the problem otherwise."""
+    t = _check_dense(fn, name, scale)
+    if t.dtype != torch.float32:
+        raise TypeError(f"{fn}: {name} must be float32, got {_dtype_name(t.dtype)}")
+    rows = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() >= 1 else -1
+    if t.dim() == 0 or t.shape[0] != rows or any(d != 1 for d in t.shape[1:]):
+        raise ValueError(
+            f"{fn}: {name} must be one value or one per row of the quantized tensor ({rows}), "
+            f"got shape {list(t.shape)}"
+        )
+    _check_device(fn, name, t, "q", q)
+    return t.reshape(rows)
+
+
 def qspmm(
     indptr: torch.Tensor,
     indices: torch.Tensor,
@@ -258,7 +274,29 @@ def qspmm(
     eids: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Sum (optionally edge-weighted) of quantized input rows into each output row; see module doc."""
+    """Sum (optionally edge-weighted) of quantized input rows into each output row; see module doc.
+
+    ``scale`` is one scale for all of q, or one per row of q (``[N_in]``, ``[N_in, 1]``...,
+    as ``qtrain.ops.quantize.quantize_per_row`` gives): the scale then varies along the
+    sum, which becomes the weighted form with entry k's weight ``s[indices[k]]`` (times
+    its edge weight, ``fl32(w[eids[k]] * s[indices[k]])``) and an output scale of 1.
+    Without edge weights no E-sized tensor is made: the op reads the weight of entry k
+    at ``indices[k]``.
+    """
+    if not per_tensor(scale):
+        scale_rows = row_scales("qspmm", "scale", scale, q)
+        if weight is None:
+            weight, eids = scale_rows, indices
+        else:
+            _check_qspmm(indptr, indices, q, weight, eids)  # before anything is indexed
+            heads = q.shape[1] if q.dim() == 3 else 1
+            w = _heads_weight(weight, heads)
+            entry_w = w if eids is None else w[eids.to(torch.int64)]
+            weight, eids = (
+                entry_w[: indices.numel()] * scale_rows[indices.to(torch.int64), None],
+                None,
+            )
+        scale = 1.0
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
     with dispatch.call("spmm", chosen):
         if chosen == "reference":
@@ -316,7 +354,46 @@ def qsddmm(
     rhs_index: torch.Tensor,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Per-edge op on a gathered pair of quantized rows; see the module docstring."""
+    """Per-edge op on a gathered pair of quantized rows; see the module docstring.
+
+    A scale may be one per row of its tensor (as in :func:`qspmm`): each edge then takes
+    its rows' scales, ``s_l[i]`` and ``s_r[j]``, in the same formulas (mul and dot: the
+    integer result times ``fl32(s_l[i] * s_r[j])``, applied after the op runs with scales
+    of 1; add and sub: the rows dequantized, then gathered and added)."""
+    if per_tensor(scale_lhs) and per_tensor(scale_rhs):
+        return _qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index, backend)
+    _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)  # before anything is indexed
+    sl = _edge_scales("scale_lhs", scale_lhs, q_lhs, lhs_index)
+    sr = _edge_scales("scale_rhs", scale_rhs, q_rhs, rhs_index)
+    if op in ("add", "sub"):
+        a = q_lhs[lhs_index.to(torch.int64)].to(torch.float32) * sl
+        b = q_rhs[rhs_index.to(torch.int64)].to(torch.float32) * sr
+        return a + b if op == "add" else a - b
+    out = _qsddmm(op, q_lhs, 1.0, lhs_index, q_rhs, 1.0, rhs_index, backend)
+    return out * (sl * sr)
+
+
+def _edge_scales(
+    name: str, scale: torch.Tensor | float, q: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
+    """Each edge's scale for the rows ``index`` selects, shaped to broadcast over a
+    per-edge result ``[E, ...]`` (one scale: the 0-d scale itself)."""
+    if per_tensor(scale):
+        return torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
+    rows = row_scales("qsddmm", name, scale, q)
+    return rows[index.to(torch.int64)].reshape(-1, *[1] * (q.dim() - 1))
+
+
+def _qsddmm(
+    op: str,
+    q_lhs: torch.Tensor,
+    scale_lhs: torch.Tensor | float,
+    lhs_index: torch.Tensor,
+    q_rhs: torch.Tensor,
+    scale_rhs: torch.Tensor | float,
+    rhs_index: torch.Tensor,
+    backend: str,
+) -> torch.Tensor:
     chosen = dispatch.resolve("sddmm", q_lhs, backend, kernels=SDDMM_KERNELS)
     with dispatch.call("sddmm", chosen):
         if chosen == "reference":

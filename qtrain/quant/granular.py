@@ -110,6 +110,51 @@ def quantize_tiles(
     return torch.clamp(r, -qmax, qmax).to(torch.int8), scale
 
 
+def quantize_rows_symmetric(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_tiles` with one tile a row: ``(q, scale [rows, 1])``. A tensor without
+    columns has all-zero scales (a row with nothing in it has range 0)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2-d tensor, got {shape}")
+    if x.shape[1] == 0:
+        checked_quantize_args(x, bits, rounding, seed, offset)
+        rows = x.shape[0]
+        return (
+            torch.empty((rows, 0), dtype=torch.int8, device=x.device),
+            torch.zeros((rows, 1), dtype=torch.float32, device=x.device),
+        )
+    return quantize_tiles(x, bits, (1, x.shape[1]), rounding, seed, offset)
+
+
+def quantize_cols_symmetric(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_tiles` with one tile a column: ``(q, scale [1, cols])``, q in x's own
+    layout (a column is quantize_symmetric of that column, its counters those of its
+    elements' flat indices in x). A tensor without rows has all-zero scales."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2-d tensor, got {shape}")
+    if x.shape[0] == 0:
+        checked_quantize_args(x, bits, rounding, seed, offset)
+        cols = x.shape[1]
+        return (
+            torch.empty((0, cols), dtype=torch.int8, device=x.device),
+            torch.zeros((1, cols), dtype=torch.float32, device=x.device),
+        )
+    return quantize_tiles(x, bits, (x.shape[0], 1), rounding, seed, offset)
+
+
 def dequantize_tiles(q: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     """float32 ``q * scale`` with each tile's scale (the inverse of :func:`quantize_tiles`)."""
     tile = check_tile(tile, q.shape)

@@ -76,11 +76,21 @@ def _one_thread(fn: Callable[[], object]) -> object:
 
 
 def int8_reference(
-    qa: torch.Tensor, qb: torch.Tensor, scale: float, layout: str, bias: torch.Tensor | None = None
+    qa: torch.Tensor,
+    qb: torch.Tensor,
+    scale: float,
+    layout: str,
+    bias: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
+    col_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """reference_int8_gemm of CPU copies, on one thread."""
-    bias = None if bias is None else bias.cpu()
-    out = _one_thread(lambda: reference_int8_gemm(qa.cpu(), qb.cpu(), scale, layout, bias))
+    """reference_int8_gemm of CPU copies (row / column scales included), on one thread."""
+    bias, row_scale, col_scale = (
+        None if t is None else t.cpu() for t in (bias, row_scale, col_scale)
+    )
+    out = _one_thread(
+        lambda: reference_int8_gemm(qa.cpu(), qb.cpu(), scale, layout, bias, row_scale, col_scale)
+    )
     assert isinstance(out, torch.Tensor)
     return out
 

@@ -1,6 +1,7 @@
 """torch.ops.qtrain.int8_gemm on every device against its reference
 (qtrain.ops.gemm.reference_int8_gemm), bit for bit: every layout, CPU ISA variant and
-thread count, both CPU "tn" strategies, the CUDA split-K path, long inner dimensions."""
+thread count, both CPU "tn" strategies, the CUDA split-K path, long inner dimensions, and
+the per-row / per-column scale vectors of the epilogue (row_scale, col_scale)."""
 
 from __future__ import annotations
 
@@ -23,21 +24,47 @@ from qtrain.ops.gemm import LAYOUTS, combined_scale
 SCALE = 0.0173
 
 
-def _run(device: str, qa, qb, scale: float, layout: str, bias=None) -> torch.Tensor:
+def _on(t: torch.Tensor | None, device: str) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
+def _run(
+    device: str, qa, qb, scale: float, layout: str, bias=None, row_scale=None, col_scale=None
+) -> torch.Tensor:
     ops = library(device)
-    out = ops.int8_gemm(
-        qa.to(device), qb.to(device), scale, layout, None if bias is None else bias.to(device)
-    )
+    if row_scale is None and col_scale is None:  # the call without the new arguments
+        out = ops.int8_gemm(qa.to(device), qb.to(device), scale, layout, _on(bias, device))
+    else:
+        out = ops.int8_gemm(
+            qa.to(device),
+            qb.to(device),
+            scale,
+            layout,
+            _on(bias, device),
+            _on(row_scale, device),
+            _on(col_scale, device),
+        )
     assert out.device.type == torch.device(device).type
     return out
 
 
-def _check(device: str, qa, qb, layout: str, scale: float = SCALE, bias=None) -> None:
+def _check(
+    device: str,
+    qa,
+    qb,
+    layout: str,
+    scale: float = SCALE,
+    bias=None,
+    row_scale=None,
+    col_scale=None,
+) -> None:
     """The op equals the reference in every kernel variant of ``device``."""
-    want = int8_reference(qa, qb, scale, layout, bias)
+    want = int8_reference(qa, qb, scale, layout, bias, row_scale, col_scale)
+    vectors = f"row_scale={row_scale is not None}, col_scale={col_scale is not None}"
     for variant in variants(device):
-        got = _run(device, qa, qb, scale, layout, bias)
-        assert_same(got, want, f"{layout} {tuple(qa.shape)} x {tuple(qb.shape)}, {variant}")
+        got = _run(device, qa, qb, scale, layout, bias, row_scale, col_scale)
+        what = f"{layout} {tuple(qa.shape)} x {tuple(qb.shape)}, {vectors}, {variant}"
+        assert_same(got, want, what)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -188,6 +215,120 @@ def test_non_contiguous_and_unaligned_inputs(device: str, layout: str) -> None:
         assert_same(got, int8_reference(qa, qb, SCALE, layout))
 
 
+# ------------------------------------------------------------------ row / column scales
+
+# sizes around the CPU micro-tiles (6 rows; 16 / 64 columns) and the CUDA 64 x 256 tile
+EDGES = (1, 7, 15, 16, 17, 33, 65, 129)
+VECTOR_SHAPES = [
+    *((m, 17, 33) for m in EDGES),
+    *((7, 17, n) for n in EDGES),
+    *((16, k, 65) for k in EDGES),
+    (129, 129, 129),
+    (33, 65, 15),
+    (65, 7, 129),
+    (17, 1, 16),
+    (0, 5, 7),
+    (5, 0, 7),
+    (5, 7, 0),
+    (0, 0, 0),
+]
+VECTOR_MODES = ("row", "col", "both")
+
+
+def _vector(n: int, seed: int) -> torch.Tensor:
+    """Scales over six decades, a quarter of them negative."""
+    g = torch.Generator().manual_seed(seed)
+    v = 10.0 ** (torch.rand(n, generator=g) * 6 - 4)
+    return torch.where(torch.rand(n, generator=g) < 0.25, -v, v)
+
+
+def _vectors(mode: str, m: int, n: int, seed: int) -> tuple[torch.Tensor | None, ...]:
+    row = _vector(m, seed) if mode in ("row", "both") else None
+    col = _vector(n, seed + 1) if mode in ("col", "both") else None
+    return row, col
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", VECTOR_MODES)
+def test_scale_vectors_match_reference(device: str, layout: str, mode: str) -> None:
+    make = int8s(200 + LAYOUTS.index(layout))
+    for i, (m, k, n) in enumerate(VECTOR_SHAPES):
+        qa, qb = operands(m, k, n, layout, make)
+        row, col = _vectors(mode, m, n, i)
+        bias = torch.randn(n) if i % 2 else None
+        _check(device, qa, qb, layout, scale=0.0173, bias=bias, row_scale=row, col_scale=col)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scale_vectors_long_inner_dimension(
+    device: str, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int64 epilogues with vectors: the CPU's K beyond one int32 chunk (per tile) and
+    its split-K "tn" (the whole output at once), the CUDA split-K finalize kernel."""
+    make = int8s(17)
+    cpu_tn = device == "cpu" and layout == "tn"
+    for strategy in ("split", "rows") if cpu_tn else ("auto",):
+        monkeypatch.setenv("QTRAIN_GEMM_TN", strategy)
+        for m, k, n in ((19, 5003, 70), (3, 70_001, 5), (40, 3000, 70)):
+            qa, qb = operands(m, k, n, layout, make)
+            row, col = _vectors("both", m, n, k)
+            bias = torch.randn(n)
+            _check(device, qa, qb, layout, 1e-4, bias, row_scale=row, col_scale=col)
+            _check(device, qa, qb, layout, 1e-4, row_scale=row)
+            _check(device, qa, qb, layout, 1e-4, bias, col_scale=col)
+
+
+_SPECIAL = [0.0, -0.0, 1e-45, 1e-40, 1.2e-38, 7e-30, 1.0, -2.5, 3e-3, 6e35, 3e38, -3.4e38]
+
+
+def _special(n: int, shift: int, nonfinite: bool) -> torch.Tensor:
+    values = [*_SPECIAL, *([float("inf"), float("nan"), -float("inf")] if nonfinite else [])]
+    return torch.tensor([values[(i + shift) % len(values)] for i in range(n)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_scale_vectors_edge_values(device: str, layout: str) -> None:
+    """Zero (both signs), subnormal, tiny, huge, negative (and infinite, NaN) scales in the
+    vectors, with zero, tiny and huge scalar scales: each product of f rounds (overflows to
+    inf, underflows to a subnormal or zero) exactly as the reference's."""
+    m, k, n = 19, 21, 35  # a partial last row tile and column vector
+    qa, qb = operands(m, k, n, layout, int8s(5))
+    qa[0] = 0  # zero sums: 0 * inf is NaN
+    for nonfinite in (False, True):
+        row, col = _special(m, 0, nonfinite), _special(n, 5, nonfinite)
+        for scale in (0.0173, 0.0, -0.0, 1e-45, 3.0e38, -2.5):
+            _check(device, qa, qb, layout, scale, row_scale=row, col_scale=col)
+            _check(device, qa, qb, layout, scale, torch.randn(n), row_scale=row)
+            _check(device, qa, qb, layout, scale, col_scale=col)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scale_vectors_strided_and_absent(device: str) -> None:
+    """Strided vectors; vectors of ones and absent vectors (None passed) give the per-tensor
+    product bit for bit."""
+    ops = library(device)
+    for layout in LAYOUTS:
+        m, k, n = 23, 45, 37
+        qa, qb = operands(m, k, n, layout, int8s(11))
+        row = _vector(2 * m, 1)[::2]
+        col = _vector(3 * n, 2)[1::3]
+        assert not row.is_contiguous() and not col.is_contiguous()
+        _check(device, qa, qb, layout, SCALE, torch.randn(n), row_scale=row, col_scale=col)
+        bias = torch.randn(n)
+        want = int8_reference(qa, qb, SCALE, layout, bias)
+        args = (qa.to(device), qb.to(device), SCALE, layout, bias.to(device))
+        ones_m = torch.ones(m, device=device)
+        ones_n = torch.ones(n, device=device)
+        assert_same(ops.int8_gemm(*args, None, None), want, layout)
+        assert_same(ops.int8_gemm(*args, ones_m, None), want, layout)
+        assert_same(ops.int8_gemm(*args, None, ones_n), want, layout)
+        assert_same(ops.int8_gemm(*args, ones_m, ones_n), want, layout)
+        assert_same(ops.int8_gemm(*args, row_scale=ones_m, col_scale=ones_n), want, layout)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device: str) -> None:
     ops = library(device)
@@ -199,6 +340,10 @@ def test_opcheck(device: str) -> None:
         (qa, qb.t().contiguous(), 0.25, "nt", bias),
         (qa.t(), qb, -1.5, "tn", None),
         (qa[:0], qb, 1.0, "nn", bias),
+        (qa, qb, 0.5, "nn", None, torch.rand(9, device=device), None),
+        (qa, qb, 0.5, "nn", bias, None, torch.rand(5, device=device)),
+        (qa.t(), qb, -1.5, "tn", bias, torch.rand(9, device=device), torch.rand(5, device=device)),
+        (qa[:0], qb, 1.0, "nn", bias, torch.rand(0, device=device), torch.rand(5, device=device)),
     ):
         opcheck(ops.int8_gemm.default, args)
 
@@ -209,8 +354,17 @@ _QA = "torch.zeros(3, 4, dtype=torch.int8, device=dev)"
 _QB = "torch.zeros(4, 5, dtype=torch.int8, device=dev)"
 
 
-def _call(qa: str = _QA, qb: str = _QB, layout: str = "'nn'", bias: str = "None") -> str:
-    return f"ops.int8_gemm({qa}, {qb}, 1.0, {layout}, {bias})"
+def _call(
+    qa: str = _QA,
+    qb: str = _QB,
+    layout: str = "'nn'",
+    bias: str = "None",
+    row: str | None = None,
+    col: str | None = None,
+) -> str:
+    if row is None and col is None:
+        return f"ops.int8_gemm({qa}, {qb}, 1.0, {layout}, {bias})"
+    return f"ops.int8_gemm({qa}, {qb}, 1.0, {layout}, {bias}, {row}, {col})"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -270,6 +424,105 @@ def test_errors(device: str) -> None:
             _call(bias=f"torch.zeros(5, device={_OTHER})"),
             "ValueError",
             "bias is on",
+        ),
+        # row_scale (M = 3) and col_scale (N = 5): the reference's _check_scale_vector errors
+        ErrorCase(
+            "row_scale float64",
+            _call(row="torch.ones(3, dtype=torch.float64, device=dev)"),
+            "TypeError",
+            "row_scale must be float32, got float64",
+        ),
+        ErrorCase(
+            "col_scale float16",
+            _call(col="torch.ones(5, dtype=torch.float16, device=dev)"),
+            "TypeError",
+            "col_scale must be float32, got float16",
+        ),
+        ErrorCase(
+            "row_scale int32",
+            _call(row="torch.ones(3, dtype=torch.int32, device=dev)", col="None"),
+            "TypeError",
+            "row_scale must be float32, got int32",
+        ),
+        ErrorCase(
+            "row_scale length",
+            _call(row="torch.ones(4, device=dev)"),
+            "ValueError",
+            r"row_scale must have shape \(3,\), got \[4\]",
+        ),
+        ErrorCase(
+            "row_scale 2-d",
+            _call(row="torch.ones(3, 1, device=dev)"),
+            "ValueError",
+            r"row_scale must have shape \(3,\), got \[3, 1\]",
+        ),
+        ErrorCase(
+            "row_scale 0-d",
+            _call(row="torch.ones((), device=dev)"),
+            "ValueError",
+            r"row_scale must have shape \(3,\), got \[\]",
+        ),
+        ErrorCase(
+            "row_scale tn is M = qa.shape[1]",
+            _call(
+                qa="torch.zeros(4, 3, dtype=torch.int8, device=dev)",
+                layout="'tn'",
+                row="torch.ones(4, device=dev)",
+            ),
+            "ValueError",
+            r"row_scale must have shape \(3,\), got \[4\]",
+        ),
+        ErrorCase(
+            "col_scale length",
+            _call(col="torch.ones(3, device=dev)"),
+            "ValueError",
+            r"col_scale must have shape \(5,\), got \[3\]",
+        ),
+        ErrorCase(
+            "col_scale nt is N = qb.shape[0]",
+            _call(
+                qb="torch.zeros(5, 4, dtype=torch.int8, device=dev)",
+                layout="'nt'",
+                col="torch.ones(4, device=dev)",
+            ),
+            "ValueError",
+            r"col_scale must have shape \(5,\), got \[4\]",
+        ),
+        ErrorCase(
+            "col_scale 2-d",
+            _call(col="torch.ones(1, 5, device=dev)"),
+            "ValueError",
+            r"col_scale must have shape \(5,\), got \[1, 5\]",
+        ),
+        ErrorCase(
+            "row_scale device",
+            _call(row=f"torch.ones(3, device={_OTHER})"),
+            "ValueError",
+            "row_scale is on .* but qa is on",
+        ),
+        ErrorCase(
+            "col_scale device",
+            _call(col=f"torch.ones(5, device={_OTHER})"),
+            "ValueError",
+            "col_scale is on .* but qa is on",
+        ),
+        ErrorCase(
+            "row_scale sparse",
+            _call(row="torch.ones(3, device=dev).to_sparse()"),
+            "ValueError",
+            "row_scale must be a dense",
+        ),
+        ErrorCase(
+            "col_scale sparse",
+            _call(col="torch.ones(5, device=dev).to_sparse()"),
+            "ValueError",
+            "col_scale must be a dense",
+        ),
+        ErrorCase(
+            "row_scale checked after bias",
+            _call(bias="torch.zeros(4, device=dev)", row="torch.ones(3, 1, device=dev)"),
+            "ValueError",
+            r"bias must have shape \(5,\)",
         ),
     ]
     if device == "cuda":  # the grid's y size: at most 65535 column blocks of 256

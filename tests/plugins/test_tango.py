@@ -213,9 +213,9 @@ def test_a_gradient_shared_by_two_products_is_quantized_once(
     made: list[tuple[int, ...]] = []
     real = QuantPolicy.fresh
 
-    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False) -> Any:
+    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
         made.append(tuple(x.shape))
-        return real(self, x, constant)
+        return real(self, x, constant, by)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
     torch.manual_seed(0)
@@ -298,11 +298,12 @@ def _primitive_inputs(g: Any, shapes: list) -> list[torch.Tensor]:
     return [torch.randn((g.num_nodes() if s[0] == "n" else g.num_edges(), *s[1:])) for s in shapes]
 
 
+@pytest.mark.parametrize("scales", ["tensor", "row"])
 @pytest.mark.parametrize(("name", "fn", "shapes"), _PRIMITIVE_CASES)
-def test_dgl_primitives_match_fp32_at_8_bits(name: str, fn: Any, shapes: list) -> None:
+def test_dgl_primitives_match_fp32_at_8_bits(name: str, fn: Any, shapes: list, scales: str) -> None:
     g = _graph(self_loops=False)  # zero-degree nodes included
     inputs = _primitive_inputs(g, shapes)
-    ref, got = _fp32_and_tango(lambda *t: fn(g, *t), *inputs)
+    ref, got = _fp32_and_tango(lambda *t: fn(g, *t), *inputs, scales=scales)
     for r, q in zip(ref, got, strict=True):
         assert r.shape == q.shape
         assert _rel(q, r) < 0.03, name
@@ -317,10 +318,10 @@ def refused_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     gradient holding NaN / Inf: each backward must then run in float32."""
     real = QuantPolicy.fresh
 
-    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False) -> Any:
+    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
         if inside_kernel():
             raise NonFiniteOperand("operand holds NaN or Inf")
-        return real(self, x, constant)
+        return real(self, x, constant, by)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
 
@@ -345,9 +346,12 @@ def test_primitive_backward_in_fp32_when_the_gradient_is_refused(
 
 
 @pytest.mark.usefixtures("refused_gradients")
+@pytest.mark.parametrize("scales", ["tensor", "row"])
 @pytest.mark.parametrize("cache", [True, False])
 @pytest.mark.parametrize("linear", [True, False])
-def test_gemm_backward_in_fp32_when_the_gradient_is_refused(linear: bool, cache: bool) -> None:
+def test_gemm_backward_in_fp32_when_the_gradient_is_refused(
+    linear: bool, cache: bool, scales: str
+) -> None:
     torch.manual_seed(0)
     x = torch.randn(20, 9, requires_grad=True)
     w = torch.randn(5, 9) if linear else torch.randn(9, 5)
@@ -356,6 +360,7 @@ def test_gemm_backward_in_fp32_when_the_gradient_is_refused(linear: bool, cache:
     told: list[tuple[str, str]] = []
     policy = QuantPolicy(
         rounding="nearest",
+        scales=scales,
         cache=QuantCache() if cache else None,
         on_fp32=lambda *why: told.append(why),
     )
@@ -452,20 +457,22 @@ def test_a_user_loop_keeps_the_output_layer_it_names_in_float32() -> None:
         qtrain.patch("tango", output_layer="conv2")
 
 
-def test_empty_graph_and_zero_degree_nodes() -> None:
+@pytest.mark.parametrize("scales", ["tensor", "row"])
+def test_empty_graph_and_zero_degree_nodes(scales: str) -> None:
     g = dgl.graph(
         (torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)), num_nodes=4
     )
     x = torch.randn(4, 3, requires_grad=True)
-    with qtrain.patch("tango"):
+    with qtrain.patch("tango", scales=scales):
         y = dgl.ops.copy_u_sum(g, x)
         y.sum().backward()
     assert torch.equal(y, torch.zeros(4, 3)) and torch.equal(x.grad, torch.zeros(4, 3))
 
 
-def test_all_zero_and_constant_features() -> None:
+@pytest.mark.parametrize("scales", ["tensor", "row"])
+def test_all_zero_and_constant_features(scales: str) -> None:
     g = _graph()
-    with qtrain.patch("tango", rounding="nearest"):
+    with qtrain.patch("tango", rounding="nearest", scales=scales):
         zeros = dgl.ops.copy_u_sum(g, torch.zeros(g.num_nodes(), 4))
         const = dgl.ops.copy_u_sum(g, torch.full((g.num_nodes(), 4), -2.5))
     assert torch.equal(zeros, torch.zeros_like(zeros))
@@ -485,8 +492,9 @@ def _modules() -> list[tuple[str, Any, Any]]:
     ]
 
 
+@pytest.mark.parametrize("scales", ["tensor", "row"])
 @pytest.mark.parametrize("entry", _modules(), ids=[m[0] for m in _modules()])
-def test_unmodified_dgl_modules_run_quantized_and_stay_close(entry: tuple) -> None:
+def test_unmodified_dgl_modules_run_quantized_and_stay_close(entry: tuple, scales: str) -> None:
     name, make, call = entry
     g = _graph()
     torch.manual_seed(0)
@@ -503,7 +511,7 @@ def test_unmodified_dgl_modules_run_quantized_and_stay_close(entry: tuple) -> No
     for active in (False, True):
         module.zero_grad()
         if active:
-            with qtrain.patch("tango", rounding="nearest"):
+            with qtrain.patch("tango", rounding="nearest", scales=scales):
                 y = call(module, g, x)
                 y.square().sum().backward()
         else:
@@ -620,6 +628,7 @@ def test_auto_bits_records_the_calibration(tmp_path: Path) -> None:
         ("bits = 1", "too small"),
         ('bits = "eight"', "quant.tango.bits"),
         ('rounding = "up"', "rounding"),
+        ('scales = "block"', "quant.tango.scales"),
         ("fp32_when_small = 3", "fp32_when_small = 3 must be true or false"),
     ],
 )
@@ -733,9 +742,9 @@ def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[int, ...]]:
     made: list[tuple[int, ...]] = []
     real = policy.fresh
 
-    def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+    def fresh(t: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
         made.append(tuple(t.shape))
-        return real(t, constant)
+        return real(t, constant, by)
 
     policy.fresh = fresh  # type: ignore[method-assign]
     return made
@@ -782,9 +791,9 @@ def test_graphconv_aggregating_first_quantizes_its_scaled_input_once() -> None:
         made: list[torch.Tensor] = []
         real = policy.fresh
 
-        def fresh(t: torch.Tensor, constant: bool = False) -> Any:
+        def fresh(t: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
             made.append(t.clone())
-            return real(t, constant)
+            return real(t, constant, by)
 
         policy.fresh = fresh  # type: ignore[method-assign]
         for _ in range(3):

@@ -56,6 +56,12 @@ def _epoch(*children: FakeSpan, total: float) -> FakeSpan:
 def test_classify_names() -> None:
     assert classify("qtrain::gemm[ext-cpu]") == ("GEMM", "ext-cpu")
     assert classify("qtrain::compress[ext-cpu]") == ("quantize", "ext-cpu")
+    assert classify("qtrain::quantize_rows[ext-cpu]") == ("quantize", "ext-cpu")
+    assert classify("qtrain::quantize_cols[ext-cuda]") == ("quantize", "ext-cuda")
+    assert classify("autograd::engine::evaluate_function: RowQuantLinearBackward") == (
+        "GEMM",
+        None,
+    )
     assert classify("qtrain::decompress+unproject[reference]") == ("projection", "reference")
     assert classify(OP_SCOPE + "SpMM") == ("SpMM", None)
     assert classify(OP_SCOPE + "nonsense") is None

@@ -12,6 +12,8 @@ from qtrain.quant.granular import (
     dequantize_tiles,
     hadamard_matrix,
     hadamard_rotate,
+    quantize_cols_symmetric,
+    quantize_rows_symmetric,
     quantize_tiles,
 )
 
@@ -169,3 +171,33 @@ def test_rotation_spreads_an_outlier() -> None:
     rot_q, rot_s = quantize_tiles(hadamard_rotate(x, 64), 4, (1, 64))
     back = hadamard_rotate(dequantize_tiles(rot_q, rot_s, (1, 64)), 64)  # H is its own inverse
     assert float(((back - x) ** 2).mean()) < float(((plain - x) ** 2).mean()) / 4
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_rows_and_columns_are_their_tiles(rounding: str) -> None:
+    """quantize_rows_symmetric / quantize_cols_symmetric are the (1, cols) / (rows, 1) tiles,
+    column j's counters those of its elements in x (offset + i * cols + j)."""
+    x = _outliers(11, 6, 4)
+    q, scale = quantize_rows_symmetric(x, 3, rounding, 2, 40)
+    want = quantize_tiles(x, 3, (1, 6), rounding, 2, 40)
+    assert torch.equal(q, want[0]) and torch.equal(scale, want[1]) and scale.shape == (11, 1)
+    q, scale = quantize_cols_symmetric(x, 3, rounding, 2, 40)
+    want = quantize_tiles(x, 3, (11, 1), rounding, 2, 40)
+    assert torch.equal(q, want[0]) and torch.equal(scale, want[1]) and scale.shape == (1, 6)
+    if rounding == "nearest":  # no counters: a column is quantize_symmetric of the column
+        for j in range(6):
+            want_q, want_scale = quantize_symmetric(x[:, j].contiguous(), 3)
+            assert torch.equal(q[:, j], want_q) and torch.equal(scale[0, j], want_scale)
+
+
+def test_rows_and_columns_of_empty_tensors() -> None:
+    q, scale = quantize_rows_symmetric(torch.zeros(3, 0), 4)
+    assert q.shape == (3, 0) and torch.equal(scale, torch.zeros(3, 1))
+    q, scale = quantize_cols_symmetric(torch.zeros(0, 5), 4)
+    assert q.shape == (0, 5) and torch.equal(scale, torch.zeros(1, 5))
+    q, scale = quantize_rows_symmetric(torch.zeros(0, 5), 4)
+    assert q.shape == (0, 5) and scale.shape == (0, 1)
+    with pytest.raises(ValueError, match="x must be a 2-d tensor"):
+        quantize_cols_symmetric(torch.zeros(4), 4)
+    with pytest.raises(ValueError, match="bits"):
+        quantize_rows_symmetric(torch.zeros(3, 0), 9)

@@ -1,0 +1,169 @@
+// quantize_symmetric_cols on CUDA (front: ops/quantize_symmetric_cols.cpp; reference
+// qtrain/quant/granular.py quantize_cols_symmetric, CPU twin
+// cpu/quantize_symmetric_cols_kernel.cpp).
+//
+// Three launches on x [rows, cols] in its own layout, blocks of 32 columns x 8 rows (a
+// warp reads 32 consecutive values of a row):
+//   1. cols_absmax_kernel: each block reduces a strip of rows of its 32 columns (bit
+//      patterns, abs_bits: exact, order-free, NaN / Inf above every finite value) and adds
+//      them with one atomicMax per column into a zeroed uint32 [cols] buffer;
+//   2. cols_params_kernel: one thread per column derives pre / inv / scale from the absmax
+//      with quantize_symmetric's device rule (common.cuh quant_params, __fdiv_rn), and sets
+//      a device flag for a column with NaN / Inf (its pre / inv left at 1 / 0);
+//   3. cols_quantize_kernel: quantize_one of every element with its column's pre / inv, at
+//      counter offset + r * cols + j.
+// Each element is a pure function of (x, its column's absmax, its flat index), so the
+// result is bit-identical to the reference for any launch shape. The host reads the flag
+// once after the launches and refuses x (ValueError) as the CPU op does.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include "cuda/common.cuh"
+
+namespace qtrain {
+namespace cuda {
+namespace {
+
+constexpr int kColsPerBlock = 32;  // blockDim.x: one warp across 32 consecutive columns
+constexpr int kRowsPerBlock = 8;   // blockDim.y
+constexpr int64_t kStripRows = 256;  // rows one block of the absmax pass reduces
+constexpr int64_t kMaxGridY = 65535;
+
+// Pass 1: colmax[j] = max over the block's strips of rows of |x[r, j]| as bit patterns.
+__global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
+    cols_absmax_kernel(const float* __restrict__ x, int64_t rows, int64_t cols,
+                       uint32_t* __restrict__ colmax) {
+  __shared__ uint32_t part[kRowsPerBlock][kColsPerBlock];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColsPerBlock + threadIdx.x;
+  const int64_t strips = (rows + kStripRows - 1) / kStripRows;
+  uint32_t m = 0;
+  if (j < cols) {
+    for (int64_t s = blockIdx.y; s < strips; s += gridDim.y) {
+      const int64_t r1 = min(rows, (s + 1) * kStripRows);
+      for (int64_t r = s * kStripRows + threadIdx.y; r < r1; r += kRowsPerBlock) {
+        m = max(m, abs_bits(__ldg(x + r * cols + j)));
+      }
+    }
+  }
+  part[threadIdx.y][threadIdx.x] = m;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+#pragma unroll
+    for (int y = 1; y < kRowsPerBlock; ++y) m = max(m, part[y][threadIdx.x]);
+    if (m != 0u) atomicMax(colmax + j, m);
+  }
+}
+
+// Pass 2: per column pre / inv (params[j], params[cols + j]) and scale; NaN / Inf -> *bad.
+__global__ void cols_params_kernel(const uint32_t* __restrict__ colmax, int64_t cols, int qmax,
+                                   float* __restrict__ params, float* __restrict__ scale,
+                                   uint32_t* __restrict__ bad) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < cols;
+       j += stride) {
+    const uint32_t m = colmax[j];
+    QuantParams p{1.0f, 0.0f, static_cast<float>(qmax)};
+    if (m >= 0x7f800000u) {  // NaN / Inf
+      atomicOr(bad, 1u);
+      scale[j] = 0.0f;
+    } else {
+      const float absmax = __uint_as_float(m);
+      p = quant_params(absmax, qmax);
+      scale[j] = __fdiv_rn(absmax, static_cast<float>(qmax));
+    }
+    params[j] = p.pre;
+    params[cols + j] = p.inv;
+  }
+}
+
+// Pass 3: q[r, j] = quantize_one(x[r, j]) with column j's pre / inv.
+template <bool STOCH>
+__global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
+    cols_quantize_kernel(const float* __restrict__ x, int8_t* __restrict__ q, int64_t rows,
+                         int64_t cols, const float* __restrict__ params, int qmax,
+                         rng::Keys keys, uint64_t offset) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColsPerBlock + threadIdx.x;
+  if (j >= cols) return;
+  QuantParams p;
+  p.pre = __ldg(params + j);
+  p.inv = __ldg(params + cols + j);
+  p.qmax = static_cast<float>(qmax);
+  const int64_t step = static_cast<int64_t>(gridDim.y) * kRowsPerBlock;
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock + threadIdx.y; r < rows;
+       r += step) {
+    const int64_t i = r * cols + j;
+    float u = 0.0f;
+    if constexpr (STOCH) {
+      const uint64_t c = offset + static_cast<uint64_t>(i);
+      const uint32_t kh = rng::block_key(keys, static_cast<uint32_t>(c >> 32));
+      u = rng::to_unit(rng::bits_lo(keys.k1, kh, static_cast<uint32_t>(c)));
+    }
+    q[i] = static_cast<int8_t>(quantize_one<STOCH>(__ldg(x + i), p, u));
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_in, int64_t bits,
+                                                           bool stochastic, int64_t seed,
+                                                           int64_t offset) {
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  if (rows * cols == 0) return {q, at::zeros({1, cols}, x.options())};  // no rows: range 0
+
+  at::Tensor scale = at::empty({1, cols}, x.options());
+  // [cols] column absmax bits, then the NaN / Inf flag: one zeroed buffer
+  at::Tensor work = at::zeros({cols + 1}, x.options().dtype(at::kInt));
+  uint32_t* colmax = reinterpret_cast<uint32_t*>(work.mutable_data_ptr<int32_t>());
+  uint32_t* badp = colmax + cols;
+  at::Tensor params = at::empty({2, cols}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  float* sp = scale.mutable_data_ptr<float>();
+  float* pp = params.mutable_data_ptr<float>();
+  const int qmax = (1 << (bits - 1)) - 1;
+  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
+  const auto off = static_cast<uint64_t>(offset);
+  cudaStream_t stream = current_stream();
+
+  const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
+  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, "qtrain::quantize_symmetric_cols: cols = ",
+                    cols, " is too large for the CUDA kernel");
+  const dim3 block(kColsPerBlock, kRowsPerBlock);
+  // enough blocks to fill every SM several times over; grid-stride over the rest
+  const int64_t want = static_cast<int64_t>(sm_count()) * 16;
+  const int64_t per_col = std::max<int64_t>(1, want / col_blocks);
+  const int64_t strips = (rows + kStripRows - 1) / kStripRows;
+  const dim3 grid_max(static_cast<unsigned>(col_blocks),
+                      static_cast<unsigned>(std::min({strips, per_col, kMaxGridY})));
+  cols_absmax_kernel<<<grid_max, block, 0, stream>>>(xp, rows, cols, colmax);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cols_params_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(colmax, cols, qmax, pp, sp, badp);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t row_groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const dim3 grid_q(static_cast<unsigned>(col_blocks),
+                    static_cast<unsigned>(std::min({row_groups, per_col, kMaxGridY})));
+  if (stochastic) {
+    cols_quantize_kernel<true>
+        <<<grid_q, block, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
+  } else {
+    cols_quantize_kernel<false>
+        <<<grid_q, block, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const uint32_t flag = read_back(badp, stream);
+  TORCH_CHECK_VALUE(flag == 0u,
+                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
+                    "finite values");
+  return {q, scale};
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CUDA, m) {
+  m.impl("quantize_symmetric_cols", &qtrain::cuda::quantize_symmetric_cols);
+}
