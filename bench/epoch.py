@@ -15,7 +15,7 @@ against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
     python bench/epoch.py --threads 2 --json bench/results/epoch.json
     python bench/epoch.py --threads 2 --models cora-gcn cora-gat cora-sage citeseer-gcn \
         citeseer-gat citeseer-sage   # Planetoid from ../shared/datasets or --planetoid-root
-    python bench/epoch.py --variants fp32 tango tango-row --bits 4   # scales per tensor / row
+    python bench/epoch.py --variants fp32 tango-tensor tango-row --bits 4   # scales per tensor / row
 """
 
 from __future__ import annotations
@@ -61,8 +61,10 @@ def _session(name: str, model: Any, bits: int, seed: int) -> Any:
         return None
     if name == "bf16-autocast":
         return "bf16"
-    scales = "row" if name == "tango-row" else "tensor"  # tango-row: one scale per row
-    quant = parse_quant({"plugin": ["tango"], "tango": {"bits": bits, "scales": scales}})
+    tango: dict[str, Any] = {"bits": bits}  # "tango": the plugin's default scales
+    if name in ("tango-tensor", "tango-row"):
+        tango["scales"] = name.removeprefix("tango-")
+    quant = parse_quant({"plugin": ["tango"], "tango": tango})
     return PatchSession(quant, PluginContext(seed=seed, model=model))
 
 
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="+",
         default=["fp32", "bf16-autocast", "tango"],
-        choices=["fp32", "bf16-autocast", "tango", "tango-row"],
+        choices=["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row"],
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)

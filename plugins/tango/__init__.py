@@ -40,7 +40,7 @@ from qtrain.plugins.tango.functions import (
 )
 from qtrain.plugins.tango.lineage import TABLE as ROW_SCALE_FUNCTIONS
 from qtrain.plugins.tango.lineage import RowScaled
-from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy
+from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy, resolve_scales
 
 from qtrain.config import option
 from qtrain.errors import PluginError
@@ -79,10 +79,11 @@ class TangoConfig:
     rounding: Literal["stochastic", "nearest"] = option(
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
     )
-    scales: Literal["tensor", "row"] = option(
-        "tensor",
-        "one scale per tensor (the paper's) or one per row: per node for the features a GEMM "
-        "or SpMM reads, per output feature for a weight (finer levels at 4 bits and below)",
+    scales: Literal["auto", "tensor", "row"] = option(
+        "auto",
+        "one scale per tensor (the paper's), one per row (per node for the features a GEMM "
+        "or SpMM reads, per output feature for a weight: finer levels at few bits), or auto: "
+        "per row below 8 bits, per tensor at 8",
     )
     cache: bool = option(
         True, "reuse quantized tensors between primitives and from forward to backward"
@@ -181,7 +182,7 @@ class TangoPlugin(Plugin):
             self.policy = QuantPolicy(
                 bits=int(bits),
                 rounding=cfg.rounding,
-                scales=cfg.scales,
+                scales=resolve_scales(cfg.scales, int(bits)),
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
                 backend=cfg.backend,
@@ -501,7 +502,7 @@ class TangoPlugin(Plugin):
         out: dict[str, Any] = {
             "bits": policy.bits if policy else self.config.bits,
             "rounding": self.config.rounding,
-            "scales": self.config.scales,
+            "scales": policy.scales if policy else self.config.scales,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,
             # what was done, not what was asked: a user's loop may name no output layer
             "fp32_before_softmax": self.output_layer_kept,

@@ -2,8 +2,8 @@
 
 The first epoch's forward runs, in float32, up to the output of the model's
 first GNN layer; that output is quantized at every bit count 2..8 and
-Error_X is computed against it, with the scales the run will use (one per tensor,
-or one per row). The chosen count is the smallest whose
+Error_X is computed against it, with the scales the run will use at each count (one
+per tensor, or one per row: ``policy.resolve_scales``). The chosen count is the smallest whose
 Error_X is at or under the target (0.3 by default, the paper's threshold).
 The input features are not measured: the paper notes their error is
 recovered by learning from the graph structure.
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from qtrain.plugins.tango.policy import resolve_scales
 
 from qtrain.data.base import FEAT
 from qtrain.errors import QtrainError
@@ -32,11 +33,11 @@ DEFAULT_TARGET = 0.3
 def error_x_by_bits(
     x: torch.Tensor, rounding: str = "stochastic", seed: int = 0, scales: str = "tensor"
 ) -> dict[int, float]:
-    """Error_X of x quantized at each bit count 2..8, with one scale for x or one per row."""
+    """Error_X of x quantized at each bit count 2..8, with the scales ``scales`` gives at
+    that count (one for x, or one per row)."""
     table: dict[int, float] = {}
-    rows = scales == "row" and x.dim() >= 2
     for bits in range(MIN_BITS, MAX_BITS + 1):
-        if rows:
+        if resolve_scales(scales, bits) == "row" and x.dim() >= 2:
             q, scale = quantize_per_row(x.reshape(x.shape[0], -1), bits, rounding, seed=seed)
             q = q.view(x.shape)
             scale = scale.view(x.shape[0], *[1] * (x.dim() - 1))

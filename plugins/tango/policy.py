@@ -31,6 +31,20 @@ from qtrain.ops.quantize import quantize, quantize_per_column, quantize_per_row
 
 _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
 SCALES = ("tensor", "row")  # the scale granularities a policy can quantize with
+# below this many bits, scales = "auto" is "row" (measured: README, issue 32)
+ROW_SCALES_BELOW_BITS = 8
+
+
+def resolve_scales(scales: str, bits: int) -> str:
+    """The granularity a run with ``scales`` (``"auto"``, ``"tensor"`` or ``"row"``) quantizes
+    with at ``bits``: ``"auto"`` is one scale per row below 8 bits, where one scale per
+    tensor loses accuracy (Cora GCN at 4 bits: 73.3 against FP32's 80.9, 81.9 per row),
+    and one per tensor at 8 bits, within a point of FP32 and fewer passes."""
+    if scales == "auto":
+        return "row" if bits < ROW_SCALES_BELOW_BITS else "tensor"
+    return scales
+
+
 ROWS, COLUMNS, TENSOR = "rows", "columns", "tensor"  # what a primitive asks for (``by``)
 
 

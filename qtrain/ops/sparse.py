@@ -363,14 +363,24 @@ def qsddmm(
     if per_tensor(scale_lhs) and per_tensor(scale_rhs):
         return _qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index, backend)
     _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)  # before anything is indexed
+    if op in ("add", "sub"):
+        # fl32(q * s) of every node row, then gathered: the values the edges would compute
+        a = _dequantized_rows("scale_lhs", scale_lhs, q_lhs)[lhs_index.to(torch.int64)]
+        b = _dequantized_rows("scale_rhs", scale_rhs, q_rhs)[rhs_index.to(torch.int64)]
+        return a + b if op == "add" else a - b
     sl = _edge_scales("scale_lhs", scale_lhs, q_lhs, lhs_index)
     sr = _edge_scales("scale_rhs", scale_rhs, q_rhs, rhs_index)
-    if op in ("add", "sub"):
-        a = q_lhs[lhs_index.to(torch.int64)].to(torch.float32) * sl
-        b = q_rhs[rhs_index.to(torch.int64)].to(torch.float32) * sr
-        return a + b if op == "add" else a - b
     out = _qsddmm(op, q_lhs, 1.0, lhs_index, q_rhs, 1.0, rhs_index, backend)
     return out * (sl * sr)
+
+
+def _dequantized_rows(name: str, scale: torch.Tensor | float, q: torch.Tensor) -> torch.Tensor:
+    """float32 ``q * s`` with one scale for q or one per row."""
+    if per_tensor(scale):
+        s = torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
+    else:
+        s = row_scales("qsddmm", name, scale, q).reshape(-1, *[1] * (q.dim() - 1))
+    return q.to(torch.float32) * s
 
 
 def _edge_scales(

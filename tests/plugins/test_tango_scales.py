@@ -12,7 +12,7 @@ import torch
 from qtrain.plugins.tango import payoff
 from qtrain.plugins.tango.cache import QuantCache
 from qtrain.plugins.tango.functions import quant_linear
-from qtrain.plugins.tango.policy import COLUMNS, ROWS, TENSOR, QuantPolicy
+from qtrain.plugins.tango.policy import COLUMNS, ROWS, TENSOR, QuantPolicy, resolve_scales
 
 import qtrain
 from qtrain._compat import import_dgl
@@ -194,16 +194,43 @@ plugin = ["tango"]
     return path
 
 
-@pytest.mark.parametrize("scales", ["tensor", "row"])
-def test_a_run_reports_its_scales_and_runs_the_kernels(tmp_path: Path, scales: str) -> None:
+@pytest.mark.parametrize(
+    ("extra", "scales"),
+    [
+        ("bits = 4", "row"),  # the default, "auto": per row below 8 bits
+        ("bits = 8", "tensor"),  # and per tensor at 8
+        ('bits = 4\nscales = "tensor"', "tensor"),
+        ('bits = 8\nscales = "row"', "row"),
+    ],
+)
+def test_a_run_reports_its_scales_and_runs_the_kernels(
+    tmp_path: Path, extra: str, scales: str
+) -> None:
     from qtrain.recipe import load_recipe
     from qtrain.runner import execute
     from qtrain.train.progress import Reporter
 
-    recipe = load_recipe(_recipe(tmp_path, f'bits = 4\nscales = "{scales}"'), [])
-    summary = execute(recipe, reporter=Reporter())
+    summary = execute(load_recipe(_recipe(tmp_path, extra), []), reporter=Reporter())
     assert summary["plugin_reports"]["tango"]["scales"] == scales
     kernels = summary["kernels"]
     assert "ext-cpu" in kernels["gemm"] and "ext-cpu" in kernels["spmm"]
-    quantizer = "quantize_rows" if scales == "row" else "quantize"
-    assert kernels[quantizer].get("ext-cpu", 0) > 0, kernels
+    quantizers = ("quantize_rows", "quantize_cols") if scales == "row" else ("quantize",)
+    for quantizer in quantizers:
+        assert kernels[quantizer].get("ext-cpu", 0) > 0, kernels
+    if scales == "tensor":
+        assert "quantize_rows" not in kernels and "quantize_cols" not in kernels
+
+
+def test_auto_scales_follow_the_bit_count() -> None:
+    assert [resolve_scales("auto", b) for b in range(2, 9)] == ["row"] * 6 + ["tensor"]
+    assert resolve_scales("tensor", 2) == "tensor" and resolve_scales("row", 8) == "row"
+    from qtrain.plugins.tango.calibrate import error_x_by_bits
+
+    torch.manual_seed(4)
+    x = torch.randn(300, 24)
+    x[::50] *= 100.0
+    auto = error_x_by_bits(x, "nearest", 0, "auto")
+    rows = error_x_by_bits(x, "nearest", 0, "row")
+    tensor = error_x_by_bits(x, "nearest", 0, "tensor")
+    assert {b: auto[b] for b in range(2, 8)} == {b: rows[b] for b in range(2, 8)}
+    assert auto[8] == tensor[8]
