@@ -359,15 +359,18 @@ def qsddmm(
     A scale may be one per row of its tensor (as in :func:`qspmm`): each edge then takes
     its rows' scales, ``s_l[i]`` and ``s_r[j]``, in the same formulas (mul and dot: the
     integer result times ``fl32(s_l[i] * s_r[j])``, applied after the op runs with scales
-    of 1; add and sub: the rows dequantized, then gathered and added)."""
+    of 1; add and sub: the rows dequantized, then gathered and added by PyTorch, which the
+    kernel counter records as the "reference" backend)."""
     if per_tensor(scale_lhs) and per_tensor(scale_rhs):
         return _qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index, backend)
     _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)  # before anything is indexed
     if op in ("add", "sub"):
-        # fl32(q * s) of every node row, then gathered: the values the edges would compute
-        a = _dequantized_rows("scale_lhs", scale_lhs, q_lhs)[lhs_index.to(torch.int64)]
-        b = _dequantized_rows("scale_rhs", scale_rhs, q_rhs)[rhs_index.to(torch.int64)]
-        return a + b if op == "add" else a - b
+        # fl32(q * s) of every node row, then gathered: the values the edges would compute;
+        # no kernel takes per-row scales here, so PyTorch runs it (counted as "reference")
+        with dispatch.call("sddmm", "reference"):
+            a = _dequantized_rows("scale_lhs", scale_lhs, q_lhs)[lhs_index.to(torch.int64)]
+            b = _dequantized_rows("scale_rhs", scale_rhs, q_rhs)[rhs_index.to(torch.int64)]
+            return a + b if op == "add" else a - b
     sl = _edge_scales("scale_lhs", scale_lhs, q_lhs, lhs_index)
     sr = _edge_scales("scale_rhs", scale_rhs, q_rhs, rhs_index)
     out = _qsddmm(op, q_lhs, 1.0, lhs_index, q_rhs, 1.0, rhs_index, backend)

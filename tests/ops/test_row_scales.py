@@ -234,3 +234,19 @@ def test_qsddmm_refuses_bad_row_scales_and_indices(device: str) -> None:
         qsddmm(
             "add", q, torch.ones(4, device=dev), torch.tensor([0, 4, 1], device=dev), q, 1.0, index
         )
+
+
+def test_qsddmm_with_row_scales_counts_the_backend_that_ran() -> None:
+    """add / sub with per-row scales run in PyTorch (no kernel takes them): the kernel
+    counter says "reference", never a compiled backend that did not run; mul / dot run
+    the compiled op."""
+    from qtrain.ops import dispatch
+
+    q, index, scale = _q((4, 3), 1), torch.tensor([0, 3, 1]), torch.ones(4)
+    dispatch.reset()
+    qsddmm("add", q, scale, index, q, scale, index)
+    assert dispatch.snapshot()["sddmm"] == {"reference": 1}
+    dispatch.reset()
+    qsddmm("dot", q, scale, index, q, scale, index)
+    assert dispatch.snapshot()["sddmm"] == {"ext-cpu": 1}
+    dispatch.reset()
