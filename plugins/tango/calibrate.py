@@ -38,9 +38,7 @@ def error_x_by_bits(
     table: dict[int, float] = {}
     for bits in range(MIN_BITS, MAX_BITS + 1):
         if resolve_scales(scales, bits) == "row" and x.dim() >= 2:
-            q, scale = quantize_per_row(x.reshape(x.shape[0], -1), bits, rounding, seed=seed)
-            q = q.view(x.shape)
-            scale = scale.view(x.shape[0], *[1] * (x.dim() - 1))
+            q, scale = quantize_per_row(x, bits, rounding, seed=seed)
         else:
             q, scale = quantize(x, bits, rounding, seed=seed)
         table[bits] = error_x(x, dequantize(q, scale))

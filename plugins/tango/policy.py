@@ -134,8 +134,7 @@ class QuantPolicy:
             return quantize(x, *args)
         if by == COLUMNS:
             return quantize_per_column(x, *args)
-        q, scale = quantize_per_row(x.reshape(x.shape[0], -1), *args)
-        return q.view(x.shape), scale.view(x.shape[0], *[1] * (x.dim() - 1))
+        return quantize_per_row(x, *args)
 
     def cached(self, x: torch.Tensor, recording: bool | None = None, by: str = ROWS) -> Quantized:
         """Quantize a forward operand, reusing an earlier quantization of the same unchanged

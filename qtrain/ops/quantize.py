@@ -54,13 +54,20 @@ def quantize_per_row(
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric quantization with one scale per row of a 2-d x: ``(q int8, scale float32
-    [rows, 1])``, x ~ q * scale (the scale broadcasts over the row).
+    [rows, 1])``, x ~ q * scale (the scale broadcasts over the row). An x of more
+    dimensions has one scale per index of its first (a node's ``[H, D]`` block): q of x's
+    shape, scale ``[rows, 1, ..., 1]``.
 
     Every row is ``quantize_symmetric`` of that row with the counters of its elements' flat
     indices in x (``offset + i * cols + j``): the reference is
     ``qtrain.quant.granular.quantize_tiles(x, bits, (1, cols))``.
     """
     xf = ref.as_float32(x)
+    if xf.dim() > 2:
+        q, scale = quantize_per_row(
+            xf.reshape(xf.shape[0], -1), bits, rounding, seed, offset, backend
+        )
+        return q.view(xf.shape), scale.view(xf.shape[0], *[1] * (xf.dim() - 1))
     chosen = dispatch.resolve("quantize_rows", xf, backend, kernels=ROW_QUANTIZE_KERNELS)
     with dispatch.call("quantize_rows", chosen):
         if chosen == "reference":

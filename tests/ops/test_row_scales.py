@@ -250,3 +250,19 @@ def test_qsddmm_with_row_scales_counts_the_backend_that_ran() -> None:
     qsddmm("dot", q, scale, index, q, scale, index)
     assert dispatch.snapshot()["sddmm"] == {"ext-cpu": 1}
     dispatch.reset()
+
+
+def test_quantize_per_row_of_a_3d_tensor_is_that_of_its_flattened_rows() -> None:
+    """One scale per index of the first dimension (a node's [H, D] block), the same bits
+    as the 2-d rows of the flattened tensor, scale shaped to broadcast over x."""
+    from qtrain.ops.quantize import quantize_per_row
+
+    x = torch.randn(7, 3, 5, generator=torch.Generator().manual_seed(2))
+    x[4] *= 50.0
+    for backend in ("reference", "ext-cpu"):
+        q, scale = quantize_per_row(x, 4, "stochastic", 3, 9, backend)
+        want_q, want_scale = quantize_per_row(x.reshape(7, 15), 4, "stochastic", 3, 9, backend)
+        assert q.shape == (7, 3, 5) and scale.shape == (7, 1, 1)
+        assert torch.equal(q, want_q.view(7, 3, 5)) and torch.equal(scale.view(7, 1), want_scale)
+    with pytest.raises(ValueError, match="2-d"):
+        quantize_per_row(torch.ones(4), 4)
