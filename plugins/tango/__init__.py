@@ -85,6 +85,12 @@ class TangoConfig:
         "or SpMM reads, per output feature for a weight: finer levels at few bits), or auto: "
         "per row below 8 bits, per tensor at 8",
     )
+    rotation: Literal[0, 2, 4, 8, 16, 32, 64, 128, 256] = option(
+        0,
+        "Hadamard block rotating both operands of each dense product (GEMM) along the "
+        "dimension it sums over before they are quantized (spreads outliers; 0: none); "
+        'needs one scale per row (scales = "row" or "auto")',
+    )
     cache: bool = option(
         True, "reuse quantized tensors between primitives and from forward to backward"
     )
@@ -108,6 +114,14 @@ class TangoConfig:
     backend: Literal["auto", "reference", "ext-cpu"] = option(
         "auto", "kernels to run: the compiled extension when built (auto), or the reference"
     )
+
+    def validate(self) -> None:
+        """Options that only make sense together (checked where the recipe is read)."""
+        if self.rotation and self.scales == "tensor":
+            raise ValueError(
+                f'rotation = {self.rotation} needs one scale per row: set scales = "row" or '
+                '"auto", or rotation = 0'
+            )
 
 
 class _Fp32Region:
@@ -182,7 +196,8 @@ class TangoPlugin(Plugin):
             self.policy = QuantPolicy(
                 bits=int(bits),
                 rounding=cfg.rounding,
-                scales=resolve_scales(cfg.scales, int(bits)),
+                scales=resolve_scales(cfg.scales, int(bits), cfg.rotation),
+                rotation=cfg.rotation,
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
                 backend=cfg.backend,
@@ -262,6 +277,7 @@ class TangoPlugin(Plugin):
             target=config.error_x_target if target is None else target,
             rounding=config.rounding,
             scales=config.scales,
+            rotation=config.rotation,
             seed=seed,
             device=device,
         )
@@ -503,6 +519,7 @@ class TangoPlugin(Plugin):
             "bits": policy.bits if policy else self.config.bits,
             "rounding": self.config.rounding,
             "scales": policy.scales if policy else self.config.scales,
+            "rotation": self.config.rotation,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,
             # what was done, not what was asked: a user's loop may name no output layer
             "fp32_before_softmax": self.output_layer_kept,

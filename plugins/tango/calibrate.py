@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from qtrain.plugins.tango.policy import resolve_scales
+from qtrain.plugins.tango.policy import resolve_scales, rotation_block
 
 from qtrain.data.base import FEAT
 from qtrain.errors import QtrainError
 from qtrain.ops.quantize import quantize, quantize_per_row
+from qtrain.ops.rotate import hadamard_rotate
 from qtrain.plugin import Calibration
 from qtrain.quant.quantize import MAX_BITS, MIN_BITS, dequantize, error_x
 
@@ -31,17 +32,27 @@ DEFAULT_TARGET = 0.3
 
 
 def error_x_by_bits(
-    x: torch.Tensor, rounding: str = "stochastic", seed: int = 0, scales: str = "tensor"
+    x: torch.Tensor,
+    rounding: str = "stochastic",
+    seed: int = 0,
+    scales: str = "tensor",
+    rotation: int = 0,
 ) -> dict[int, float]:
-    """Error_X of x quantized at each bit count 2..8, with the scales ``scales`` gives at
-    that count (one for x, or one per row)."""
+    """Error_X of x quantized at each bit count 2..8 as the run will quantize it at that
+    count: one scale for x, one per row, or (``rotation`` > 0) one per row of x with its
+    last dimension rotated, rotated back to x's values before comparing."""
     table: dict[int, float] = {}
+    block = rotation_block(rotation, x.shape[-1]) if rotation and x.dim() == 2 else 0
+    target = hadamard_rotate(x, block) if block else x
     for bits in range(MIN_BITS, MAX_BITS + 1):
-        if resolve_scales(scales, bits) == "row" and x.dim() >= 2:
-            q, scale = quantize_per_row(x, bits, rounding, seed=seed)
+        if resolve_scales(scales, bits, rotation) == "row" and x.dim() >= 2:
+            q, scale = quantize_per_row(target, bits, rounding, seed=seed)
         else:
-            q, scale = quantize(x, bits, rounding, seed=seed)
-        table[bits] = error_x(x, dequantize(q, scale))
+            q, scale = quantize(target, bits, rounding, seed=seed)
+        x_hat = dequantize(q, scale)
+        if block:  # the normalised Hadamard matrix is its own inverse
+            x_hat = hadamard_rotate(x_hat, block)[:, : x.shape[-1]]
+        table[bits] = error_x(x, x_hat)
     return table
 
 
@@ -104,6 +115,7 @@ def calibrate_model(
     target: float = DEFAULT_TARGET,
     rounding: str = "stochastic",
     scales: str = "tensor",
+    rotation: int = 0,
     seed: int = 0,
     device: torch.device | None = None,
 ) -> Calibration:
@@ -111,6 +123,6 @@ def calibrate_model(
     if not target > 0:
         raise QtrainError(f"error_x_target must be > 0, got {target}")
     x = first_layer_output(model, graph, device)
-    errors = error_x_by_bits(x, rounding, seed, scales)
+    errors = error_x_by_bits(x, rounding, seed, scales, rotation)
     bits, met = choose_bits(errors, target)
     return Calibration(bits, errors, float(target), met, shape=tuple(x.shape))

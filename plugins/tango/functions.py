@@ -20,10 +20,19 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from qtrain.plugins.tango.policy import COLUMNS, ROWS, TENSOR, NonFiniteOperand, QuantPolicy
+from qtrain.plugins.tango.policy import (
+    COLUMNS,
+    ROTATED_COLUMNS,
+    ROTATED_ROWS,
+    ROWS,
+    TENSOR,
+    NonFiniteOperand,
+    QuantPolicy,
+)
 
 from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import GraphCSR
+from qtrain.ops.rotate import hadamard_rotate
 from qtrain.ops.sparse import qsddmm, qspmm
 from qtrain.ops.typed import int8_segment_gemm
 from qtrain.quant.quantize import dequantize
@@ -290,6 +299,93 @@ class RowQuantLinear(torch.autograd.Function):
         return None, dx, dw, bias_grad, None, None
 
 
+class RotatedQuantLinear(torch.autograd.Function):
+    """:class:`RowQuantLinear` with both operands of every product rotated along the
+    dimension it sums over (the policy's ``rotation``, a Hadamard block): each operand is
+    the rows of x or of x^T with that dimension last, rotated and quantized one scale a
+    row, and every product is ``A' B'^T`` ("nt"), equal to ``A B^T`` before quantization::
+
+        forward  Y  = X W^T / X W:   X rotated rows;     W rotated rows / rotated columns
+        dX       dY W   / dY W^T:    dY rotated rows;    W rotated columns / rotated rows
+        dW       dY^T X / X^T dY:    dY and X rotated columns
+
+    X's rotated columns (the sum over nodes), made in the forward when W needs a gradient,
+    are what backward keeps (cache on), or X itself (cache off)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        policy: QuantPolicy,
+        x: torch.Tensor,
+        w: torch.Tensor,
+        bias: Any,
+        linear: bool,
+        recording: bool,
+    ) -> torch.Tensor:  # type: ignore[override]
+        qx, sx = policy.cached(x, recording, ROTATED_ROWS)
+        qw, sw = policy.cached(w, recording, ROTATED_ROWS if linear else ROTATED_COLUMNS)
+        out = int8_gemm(qx, qw, sx, sw, "nt", bias, policy.backend)
+        needs = ctx.needs_input_grad  # (policy, x, w, bias, linear, recording)
+        ctx.policy, ctx.linear, ctx.has_bias = policy, linear, bias is not None
+        ctx.keeps_quantized = policy.cache is not None
+        x_cols: tuple[torch.Tensor, ...] = ()
+        if needs[2]:
+            x_cols = policy.cached(x, recording, ROTATED_COLUMNS) if ctx.keeps_quantized else (x,)
+        ctx.save_for_backward(*x_cols, w if needs[1] else None)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        return _backward(
+            ctx, grad, "gemm", RotatedQuantLinear._grads, RotatedQuantLinear._fp32_grads
+        )
+
+    @staticmethod
+    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        policy: QuantPolicy = ctx.policy
+        saved = ctx.saved_tensors
+        grad = grad.contiguous()
+        dx = dw = None
+        if ctx.needs_input_grad[1]:  # sums over the output features
+            qw, sw = policy.cached(saved[-1], True, ROTATED_COLUMNS if ctx.linear else ROTATED_ROWS)
+            qg, sg = policy.gradient(grad, ROTATED_ROWS)
+            dx = int8_gemm(qg, qw, sg, sw, "nt", None, policy.backend)
+        if ctx.needs_input_grad[2]:  # sums over the nodes
+            if ctx.keeps_quantized:
+                qxc, sxc = saved[0], saved[1]
+                policy.note_reuse()
+            else:
+                qxc, sxc = policy.fresh(saved[0], False, ROTATED_COLUMNS)
+            qgc, sgc = policy.gradient(grad, ROTATED_COLUMNS)
+            if ctx.linear:  # dW [N, K] = dY^T X
+                dw = int8_gemm(qgc, qxc, sgc, sxc, "nt", None, policy.backend)
+            else:  # dW [K, N] = X^T dY
+                dw = int8_gemm(qxc, qgc, sxc, sgc, "nt", None, policy.backend)
+        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return None, dx, dw, bias_grad, None, None
+
+    @staticmethod
+    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        """Float32 backward; kept rotated columns of X are rotated back (the normalised
+        Hadamard matrix is its own inverse) and cut to X's rows."""
+        saved = ctx.saved_tensors
+        dx = dw = None
+        if ctx.needs_input_grad[1]:
+            w = saved[-1]
+            dx = grad @ w if ctx.linear else grad @ w.t()
+        if ctx.needs_input_grad[2]:
+            if ctx.keeps_quantized:
+                policy: QuantPolicy = ctx.policy
+                rotated = dequantize(saved[0], saved[1])
+                block = policy.rotation_block(grad.shape[0])
+                x = hadamard_rotate(rotated, block, policy.backend)[:, : grad.shape[0]].t()
+            else:
+                x = saved[0]
+            dw = grad.t() @ x if ctx.linear else x.t() @ grad
+        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return None, dx, dw, bias_grad, None, None
+
+
 def quant_linear(
     policy: QuantPolicy,
     x: torch.Tensor,
@@ -299,7 +395,11 @@ def quant_linear(
     linear: bool,
 ) -> torch.Tensor:
     """Quantized dense product for x of any rank >= 2 (leading dims flattened)."""
-    function = RowQuantLinear if policy.scales == "row" else QuantLinear
+    function: type[torch.autograd.Function] = QuantLinear
+    if policy.rotation:
+        function = RotatedQuantLinear
+    elif policy.scales == "row":
+        function = RowQuantLinear
     if x.dim() == 2:
         return function.apply(policy, x, w, bias, linear, torch.is_grad_enabled())
     lead = x.shape[:-1]

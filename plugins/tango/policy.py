@@ -17,6 +17,13 @@ column, q in x's layout: the operands of a product that sums over x's rows, such
 a weight gradient X^T dY, or a weight read as ``x @ W``) or ``"tensor"`` (a product
 whose kernel takes one scale). With ``scales = "tensor"`` every ``by`` gives the
 per-tensor quantization.
+
+Rotation (``rotation = B``): a GEMM may instead ask for ``"rotated rows"`` (x's last
+dimension, padded to a multiple of B, times the block-diagonal Hadamard matrix, then one
+scale per row) or ``"rotated columns"`` (the same for x's first dimension: the rows of
+the rotated x^T). Rotating both operands of a product along the dimension it sums over
+leaves the product unchanged, ``(A H)(B H)^T = A B^T``, and spreads one large value over
+its block before the few levels of a low bit count are divided among a row.
 """
 
 from __future__ import annotations
@@ -29,21 +36,30 @@ import torch
 from qtrain.plugins.tango.cache import QuantCache, Quantized
 
 from qtrain.ops.quantize import quantize, quantize_per_column, quantize_per_row
+from qtrain.ops.rotate import hadamard_rotate
 
 _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
 ROWS, COLUMNS, TENSOR = "rows", "columns", "tensor"  # what a primitive asks for (``by``)
+ROTATED_ROWS, ROTATED_COLUMNS = "rotated rows", "rotated columns"  # with ``rotation``
 # below this many bits, scales = "auto" is "row" (measured: README, issue 32)
 ROW_SCALES_BELOW_BITS = 8
 
 
-def resolve_scales(scales: str, bits: int) -> str:
+def resolve_scales(scales: str, bits: int, rotation: int = 0) -> str:
     """The granularity a run with ``scales`` (``"auto"``, ``"tensor"`` or ``"row"``) quantizes
     with at ``bits``: ``"auto"`` is one scale per row below 8 bits, where one scale per
     tensor loses accuracy (Cora GCN at 4 bits: 75.3 per tensor, 80.8 per row, FP32
-    80.9), and one per tensor at 8 bits, within a point of FP32 and faster."""
+    80.9), and one per tensor at 8 bits, within a point of FP32 and faster. A rotation
+    (``rotation`` > 0) runs with row scales (the rotated products take them)."""
     if scales == "auto":
-        return "row" if bits < ROW_SCALES_BELOW_BITS else "tensor"
+        return "row" if bits < ROW_SCALES_BELOW_BITS or rotation else "tensor"
     return scales
+
+
+def rotation_block(rotation: int, length: int) -> int:
+    """The Hadamard block for a summed dimension of ``length``: ``rotation``, or the
+    smallest power of two covering a shorter dimension (7 classes pad to 8, not 32)."""
+    return min(rotation, 1 << max(length - 1, 0).bit_length())
 
 
 class NonFiniteOperand(ValueError):
@@ -61,6 +77,7 @@ class QuantPolicy:
     bits: int = 8
     rounding: str = "stochastic"
     scales: str = "tensor"
+    rotation: int = 0  # Hadamard block along a GEMM's summed dimension; 0: none
     seed: int = 0
     cache: QuantCache | None = field(default_factory=QuantCache)
     backend: str = "auto"
@@ -107,14 +124,16 @@ class QuantPolicy:
         cache keeps the node features across steps and an evaluation's weights until
         the optimizer changes them; after a resume they are quantized again and must
         come out as they did."""
+        by = self.granularity(x, by)
+        target = self._rotated(x, by)
         seed, offset = self.seed, 0
         if self.rounding == "stochastic":
             if constant:
                 seed = (self.seed * _CONSTANT_MIX + x.numel()) % 2**64
             else:
-                offset = self._take(x.numel())
+                offset = self._take(target.numel())
         try:
-            return self._quantize(x, self.granularity(x, by), seed, offset)
+            return self._quantize(target, by, seed, offset)
         except ValueError:
             # checked only once the quantizer has refused x: no extra pass when x is finite
             if bool(torch.isfinite(x).all()):
@@ -124,9 +143,24 @@ class QuantPolicy:
     def granularity(self, x: torch.Tensor, by: str) -> str:
         """What x is quantized by: ``by``, or one scale for the whole tensor where the
         policy's scales are per tensor or x has no rows to speak of (one dimension)."""
+        if by in (ROTATED_ROWS, ROTATED_COLUMNS):
+            return by  # asked for by the rotated GEMM only, which passes 2-d operands
         if self.scales == "tensor" or x.dim() < 2 or (by == COLUMNS and x.dim() != 2):
             return TENSOR
         return by
+
+    def _rotated(self, x: torch.Tensor, by: str) -> torch.Tensor:
+        """What is quantized for ``by``: x, or x (rotated rows) / x^T (rotated columns) with
+        its last dimension rotated in blocks of ``rotation``."""
+        if by == ROTATED_ROWS:
+            return hadamard_rotate(x, self.rotation_block(x.shape[-1]), self.backend)
+        if by == ROTATED_COLUMNS:
+            return hadamard_rotate(x.t(), self.rotation_block(x.shape[0]), self.backend)
+        return x
+
+    def rotation_block(self, length: int) -> int:
+        """The Hadamard block for a summed dimension of ``length`` (:func:`rotation_block`)."""
+        return rotation_block(self.rotation, length)
 
     def _quantize(self, x: torch.Tensor, by: str, seed: int, offset: int) -> Quantized:
         args = (self.bits, self.rounding, seed, offset, self.backend)
@@ -134,7 +168,7 @@ class QuantPolicy:
             return quantize(x, *args)
         if by == COLUMNS:
             return quantize_per_column(x, *args)
-        return quantize_per_row(x, *args)
+        return quantize_per_row(x, *args)  # rows, and the rows of a rotated x
 
     def cached(self, x: torch.Tensor, recording: bool | None = None, by: str = ROWS) -> Quantized:
         """Quantize a forward operand, reusing an earlier quantization of the same unchanged

@@ -1,5 +1,6 @@
 """Autograd of the op library's differentiable ops (``segment_matmul``,
-``segment_matmul_tn``; their public function is ``qtrain.ops.typed.segment_matmul``).
+``segment_matmul_tn``, whose public function is ``qtrain.ops.typed.segment_matmul``, and
+``hadamard_rotate``, ``qtrain.ops.rotate.hadamard_rotate``).
 
 Registered on the ops themselves (``torch.library.register_autograd``), so a call of
 ``torch.ops.qtrain.segment_matmul`` is differentiable wherever it comes from, and every
@@ -54,12 +55,24 @@ def _backward_tn(ctx: Any, dout: Tensor) -> tuple[Tensor | None, None, Tensor | 
     return dx, None, dg
 
 
+def _setup_rotate(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, block = inputs
+    ctx.block = block
+    ctx.cols = x.shape[1]
+
+
+def _backward_rotate(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    """The op is linear and H_B symmetric: dx = hadamard_rotate(grad, B) cut back to x's
+    columns (the padding's gradient is dropped)."""
+    return torch.ops.qtrain.hadamard_rotate(grad, ctx.block)[:, : ctx.cols], None
+
+
 _registered = False
 
 
 def register_autograd() -> None:
-    """Make both ops differentiable (once per process); ``qtrain.ops.backends`` calls it
-    when it loads the library, beside the fake kernels."""
+    """Make the differentiable ops differentiable (once per process); ``qtrain.ops.backends``
+    calls it when it loads the library, beside the fake kernels."""
     global _registered
     if _registered:
         return
@@ -70,5 +83,9 @@ def register_autograd() -> None:
         torch.library.register_autograd("qtrain::segment_matmul", _backward, setup_context=_setup)
         torch.library.register_autograd(
             "qtrain::segment_matmul_tn", _backward_tn, setup_context=_setup_tn
+        )
+    if "hadamard_rotate" in defined:
+        torch.library.register_autograd(
+            "qtrain::hadamard_rotate", _backward_rotate, setup_context=_setup_rotate
         )
     _registered = True

@@ -44,6 +44,10 @@ def quantize_symmetric_cols(
     return _empty(x.shape, torch.int8, x), _empty((1, x.shape[1]), torch.float32, x)
 
 
+def hadamard_rotate(x: Tensor, block: int) -> Tensor:
+    return _empty((x.shape[0], (x.shape[1] + block - 1) // block * block), torch.float32, x)
+
+
 def fill_counter_uniform(out: Tensor, seed: int = 0, offset: int = 0) -> None:
     return None
 
@@ -238,6 +242,7 @@ FAKES: dict[str, Callable[..., Any]] = {
         quantize_symmetric,
         quantize_symmetric_rows,
         quantize_symmetric_cols,
+        hadamard_rotate,
         fill_counter_uniform,
         qspmm,
         qsddmm,

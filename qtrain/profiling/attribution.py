@@ -62,6 +62,7 @@ KERNELS = {
     "quantize": "quantize",
     "quantize_rows": "quantize",
     "quantize_cols": "quantize",
+    "hadamard_rotate": "quantize",  # the rotation before a rotated GEMM's quantization
     "compress": "quantize",
     "dequantize": "dequantize",
     "decompress": "dequantize",
@@ -86,6 +87,7 @@ BACKWARD_NODES = {
     "LinearBackward0": "GEMM",
     "QuantLinearBackward": "GEMM",
     "RowQuantLinearBackward": "GEMM",
+    "RotatedQuantLinearBackward": "GEMM",
     "GatherMMBackward": "GEMM",
     "SegmentMMBackward": "GEMM",
     "GSpMMBackward": "SpMM",

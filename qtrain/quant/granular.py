@@ -180,5 +180,5 @@ def hadamard_rotate(x: torch.Tensor, block: int) -> torch.Tensor:
         raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
     width = x.shape[-1]
     padded = torch.nn.functional.pad(x.to(torch.float32), (0, -width % block))
-    blocks = padded.reshape(*x.shape[:-1], -1, block)
-    return (blocks @ h).reshape(*x.shape[:-1], -1)
+    blocks = padded.reshape(*x.shape[:-1], padded.shape[-1] // block, block)
+    return (blocks @ h).reshape(padded.shape)
