@@ -40,7 +40,13 @@ from qtrain.plugins.tango.functions import (
 )
 from qtrain.plugins.tango.lineage import TABLE as ROW_SCALE_FUNCTIONS
 from qtrain.plugins.tango.lineage import RowScaled
-from qtrain.plugins.tango.policy import NonFiniteOperand, QuantPolicy, resolve_scales
+from qtrain.plugins.tango.policy import (
+    COLUMNS,
+    ROWS,
+    NonFiniteOperand,
+    QuantPolicy,
+    resolve_scales,
+)
 
 from qtrain.config import option
 from qtrain.errors import PluginError
@@ -82,8 +88,8 @@ class TangoConfig:
     scales: Literal["auto", "tensor", "row"] = option(
         "auto",
         "one scale per tensor (the paper's), one per row (per node for the features a GEMM "
-        "or SpMM reads, per output feature for a weight: finer levels at few bits), or auto: "
-        "per row below 8 bits, per tensor at 8",
+        "or SpMM reads, per output feature for a weight: finer levels), or auto: what "
+        "measures best, per row at every bit count",
     )
     rotation: Literal[0, 2, 4, 8, 16, 32, 64, 128, 256] = option(
         0,
@@ -196,7 +202,7 @@ class TangoPlugin(Plugin):
             self.policy = QuantPolicy(
                 bits=int(bits),
                 rounding=cfg.rounding,
-                scales=resolve_scales(cfg.scales, int(bits), cfg.rotation),
+                scales=resolve_scales(cfg.scales),
                 rotation=cfg.rotation,
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
@@ -227,16 +233,20 @@ class TangoPlugin(Plugin):
     ) -> None:
         """Dropout of a step input (GAT's features): the output's int8 is the input's,
         quantized once per run, times the mask, with the scale over (1 - p). Exact for
-        the same per-tensor scale: q(x) * mask * s / (1 - p) = q(x * mask / (1 - p))."""
+        the same scale: q(x) * mask * s / (1 - p) = q(x * mask / (1 - p)). With one scale
+        per row, the columns (the weight gradient's operand) too: x's column scale is at
+        least what the dropped-out column needs."""
         policy = self.policy
         if policy is None or policy.cache is None or not x.is_leaf or not policy.constant(x):
             return
-        try:
-            qx, sx = policy.cached(x)
-        except NonFiniteOperand:
-            return  # the product that reads out goes float32 on its own
+        kinds = (ROWS, COLUMNS) if policy.scales == "row" and x.dim() == 2 else (ROWS,)
         kept = compress.unpack_mask(packed, x.numel(), self.config.backend).view(x.shape)
-        policy.store(out, (qx * kept, sx / (1.0 - p)))
+        for by in kinds:
+            try:
+                qx, sx = policy.cached(x, by=by)
+            except NonFiniteOperand:
+                return  # the product that reads out goes float32 on its own
+            policy.store(out, (qx * kept, sx / (1.0 - p)), by)
         self.dropped_inputs += 1
 
     def deactivate(self) -> None:

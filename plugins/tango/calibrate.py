@@ -45,7 +45,7 @@ def error_x_by_bits(
     block = rotation_block(rotation, x.shape[-1]) if rotation and x.dim() == 2 else 0
     target = hadamard_rotate(x, block) if block else x
     for bits in range(MIN_BITS, MAX_BITS + 1):
-        if resolve_scales(scales, bits, rotation) == "row" and x.dim() >= 2:
+        if resolve_scales(scales) == "row" and x.dim() >= 2:
             q, scale = quantize_per_row(target, bits, rounding, seed=seed)
         else:
             q, scale = quantize(target, bits, rounding, seed=seed)

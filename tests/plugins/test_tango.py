@@ -586,7 +586,8 @@ def _run(path: Path, *overrides: str) -> dict[str, Any]:
 def test_run_summary_has_kernels_table(tmp_path: Path, model: str, mode: str) -> None:
     summary = _run(_recipe(tmp_path, model=model, mode=mode))
     kernels = summary["kernels"]
-    assert kernels["gemm"] and kernels["spmm"] and kernels["quantize"]
+    assert kernels["gemm"] and kernels["spmm"]
+    assert kernels["quantize_rows"] and kernels["quantize_cols"]  # "auto": one scale per row
     quantized_backends = set(kernels["gemm"]) | set(kernels["spmm"])
     assert quantized_backends & {"ext-cpu", "reference"}
     written = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
@@ -737,17 +738,24 @@ def test_dgl_gat_dropout_runs_fused_under_tango_and_as_torch_without() -> None:
 # ------------------------------------------------------------------ row-scaled inputs
 
 
-def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[int, ...]]:
-    """The shapes ``policy`` quantizes from now on (cache misses and one-off quantizations)."""
-    made: list[tuple[int, ...]] = []
+def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[tuple[int, ...], str]]:
+    """The shapes ``policy`` quantizes from now on (cache misses and one-off quantizations),
+    each with what it was quantized by (one scale per row: rows and columns apart)."""
+    made: list[tuple[tuple[int, ...], str]] = []
     real = policy.fresh
 
     def fresh(t: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
-        made.append(tuple(t.shape))
+        made.append((tuple(t.shape), policy.granularity(t, by)))
         return real(t, constant, by)
 
     policy.fresh = fresh  # type: ignore[method-assign]
     return made
+
+
+def _once_each(made: list[tuple[tuple[int, ...], str]], shape: tuple[int, ...]) -> bool:
+    """``shape`` was quantized, and at most once by each granularity (rows, columns)."""
+    kinds = [by for s, by in made if s == shape]
+    return bool(kinds) and len(kinds) == len(set(kinds))
 
 
 def test_graphconv_quantizes_its_normalised_input_once_and_matches_the_scaled_product() -> None:
@@ -769,7 +777,7 @@ def test_graphconv_quantizes_its_normalised_input_once_and_matches_the_scaled_pr
             out.square().sum().backward()
         report = session.report()["tango"]
     assert report["row_scaled_inputs"] == 3
-    assert made.count((60, 48)) == 1  # the features: quantized once, then cached
+    assert _once_each(made, (60, 48))  # the features: quantized once, then cached
     assert _rel(out, ref) < 0.02
     assert _rel(conv.weight.grad / 3, ref_grad) < 0.03
 
@@ -867,7 +875,7 @@ def test_a_session_entered_again_keeps_its_stream_and_its_int8_features() -> Non
     with session:
         assert plugin.policy is policy and policy._offset == offset
         conv(g, x).sum().backward()
-    assert made.count((60, 48)) == 1  # the features: quantized in the first step only
+    assert _once_each(made, (60, 48))  # the features: quantized in the first step only
     assert policy._offset > offset
 
 
@@ -884,10 +892,13 @@ def test_dropped_out_features_take_their_int8_from_the_features_quantized_once()
             conv(g, x).sum().backward()
         dropped = torch.nn.functional.dropout(x, 0.5)  # the same path, kept to look at
         q, s = policy.cached(dropped)
-    assert made.count((60, 48)) == 1  # the features, once; never a dropped-out copy
+        qc, sc = policy.cached(dropped, by="columns")  # the weight gradient's operand
+    assert _once_each(made, (60, 48))  # the features, once; never a dropped-out copy
     assert session.report()["tango"]["dropped_inputs"] == 4
     assert bool((q[dropped == 0] == 0).all())  # what dropout zeroed is 0 in the int8 too
     assert _rel(q.float() * s, dropped) < 0.01
+    assert sc.shape == (1, 48) and bool((qc[dropped == 0] == 0).all())
+    assert _rel(qc.float() * sc, dropped) < 0.01
 
 
 def test_dropout_of_an_activation_is_quantized_as_before() -> None:

@@ -12,7 +12,7 @@ import torch
 from qtrain.plugins.tango import payoff
 from qtrain.plugins.tango.cache import QuantCache
 from qtrain.plugins.tango.functions import RotatedQuantLinear, quant_linear
-from qtrain.plugins.tango.policy import ROTATED_COLUMNS, ROTATED_ROWS, QuantPolicy, resolve_scales
+from qtrain.plugins.tango.policy import ROTATED_COLUMNS, ROTATED_ROWS, QuantPolicy
 
 from qtrain.errors import RecipeError
 from qtrain.ops import dispatch
@@ -161,11 +161,6 @@ def test_a_non_finite_gradient_runs_the_float32_backward() -> None:
         dw[finite], want_dw[finite], rtol=0.02, atol=0.02 * float(want_dw[finite].abs().max())
     )
     assert torch.allclose(dx[~dx.isnan()], want_dx[~want_dx.isnan()])
-
-
-def test_auto_scales_are_per_row_with_a_rotation() -> None:
-    assert resolve_scales("auto", 8, 16) == "row"
-    assert resolve_scales("auto", 8, 0) == "tensor"
 
 
 def _recipe(tmp_path: Path, extra: str) -> Path:
