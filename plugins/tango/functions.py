@@ -282,7 +282,7 @@ class RowQuantLinear(torch.autograd.Function):
                 qxc, sxc = policy.fresh(saved[0], False, COLUMNS)
             qgc, sgc = policy.gradient(grad, COLUMNS)
             dw = QuantLinear._weight_grad(ctx, qxc, sxc, qgc, sgc)
-        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        bias_grad = QuantLinear._bias_grad(ctx, grad)
         return None, dx, dw, bias_grad, None, None
 
     @staticmethod
@@ -295,7 +295,7 @@ class RowQuantLinear(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             x = dequantize(saved[0], saved[1]) if ctx.keeps_quantized else saved[0]
             dw = grad.t() @ x if ctx.linear else x.t() @ grad
-        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        bias_grad = QuantLinear._bias_grad(ctx, grad)
         return None, dx, dw, bias_grad, None, None
 
 
@@ -361,7 +361,7 @@ class RotatedQuantLinear(torch.autograd.Function):
                 dw = int8_gemm(qgc, qxc, sgc, sxc, "nt", None, policy.backend)
             else:  # dW [K, N] = X^T dY
                 dw = int8_gemm(qxc, qgc, sxc, sgc, "nt", None, policy.backend)
-        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        bias_grad = QuantLinear._bias_grad(ctx, grad)
         return None, dx, dw, bias_grad, None, None
 
     @staticmethod
@@ -382,7 +382,7 @@ class RotatedQuantLinear(torch.autograd.Function):
             else:
                 x = saved[0]
             dw = grad.t() @ x if ctx.linear else x.t() @ grad
-        bias_grad = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        bias_grad = QuantLinear._bias_grad(ctx, grad)
         return None, dx, dw, bias_grad, None, None
 
 
