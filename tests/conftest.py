@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -137,3 +137,32 @@ def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleRu
         yield ExampleRuns(tmp_path_factory.mktemp("example-runs"))
     finally:
         patch.undo()
+
+
+@pytest.fixture
+def tango_recipe(tmp_path: Path) -> Callable[[str], Path]:
+    """Write a 3-epoch tango recipe (GCN on synthetic-small) whose ``[quant.tango]`` table
+    holds the given lines; returns its path."""
+
+    def write(tango_lines: str) -> Path:
+        path = tmp_path / "r.toml"
+        path.write_text(
+            f"""
+[model]
+name = "gcn"
+hidden = 16
+[dataset]
+name = "synthetic-small"
+[train]
+epochs = 3
+[output]
+dir = "{tmp_path / "runs"}"
+[quant]
+plugin = ["tango"]
+[quant.tango]
+{tango_lines}
+"""
+        )
+        return path
+
+    return write

@@ -232,6 +232,11 @@ class RowQuantLinear(torch.autograd.Function):
         dX       dY W   / dY W^T:                dY by rows, W by columns / by rows
         dW       dY^T X / X^T dY:                dY and X by columns        ("tn")
 
+    With the policy's ``rotation`` every ``by`` above is its rotated form: the rows of x
+    (rows) or of x^T (columns) with the summed dimension last, rotated in Hadamard blocks,
+    then one scale a row; every product is then ``A' B'^T`` ("nt"), equal to ``A B^T``
+    before quantization.
+
     X's rows serve the forward (and an SpMM reading X: one cache entry); X's columns,
     quantized in the forward when W needs a gradient, are what backward keeps (cache on),
     or X itself (cache off). W is the parameter: backward reads its other side from the
@@ -247,16 +252,18 @@ class RowQuantLinear(torch.autograd.Function):
         linear: bool,
         recording: bool,
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = policy.cached(x, recording, ROWS)
-        qw, sw = policy.cached(w, recording, ROWS if linear else COLUMNS)
-        out = int8_gemm(qx, qw, sx, sw, "nt" if linear else "nn", bias, policy.backend)
+        rows, columns = _sides(policy)
+        qx, sx = policy.cached(x, recording, rows)
+        qw, sw = policy.cached(w, recording, rows if linear else columns)
+        layout = "nt" if linear or policy.rotation else "nn"
+        out = int8_gemm(qx, qw, sx, sw, layout, bias, policy.backend)
         needs = ctx.needs_input_grad  # (policy, x, w, bias, linear, recording)
         ctx.policy, ctx.linear, ctx.has_bias = policy, linear, bias is not None
         ctx.keeps_quantized = policy.cache is not None
         ctx.x_constant = policy.constant(x, recording)
         x_cols: tuple[torch.Tensor, ...] = ()
         if needs[2]:
-            x_cols = policy.cached(x, recording, COLUMNS) if ctx.keeps_quantized else (x,)
+            x_cols = policy.cached(x, recording, columns) if ctx.keeps_quantized else (x,)
         ctx.save_for_backward(*x_cols, w if needs[1] else None)
         return out
 
@@ -267,26 +274,35 @@ class RowQuantLinear(torch.autograd.Function):
     @staticmethod
     def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
         policy: QuantPolicy = ctx.policy
+        rows, columns = _sides(policy)
         saved = ctx.saved_tensors
         grad = grad.contiguous()
         dx = dw = None
-        if ctx.needs_input_grad[1]:
-            qw, sw = policy.cached(saved[-1], True, COLUMNS if ctx.linear else ROWS)
-            qg, sg = policy.gradient(grad, ROWS)
-            dx = int8_gemm(qg, qw, sg, sw, "nn" if ctx.linear else "nt", None, policy.backend)
-        if ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[1]:  # sums over the output features
+            qw, sw = policy.cached(saved[-1], True, columns if ctx.linear else rows)
+            qg, sg = policy.gradient(grad, rows)
+            layout = "nn" if ctx.linear and not policy.rotation else "nt"
+            dx = int8_gemm(qg, qw, sg, sw, layout, None, policy.backend)
+        if ctx.needs_input_grad[2]:  # sums over the nodes
             if ctx.keeps_quantized:
                 qxc, sxc = saved[0], saved[1]
                 policy.note_reuse()
             else:
-                qxc, sxc = policy.fresh(saved[0], False, COLUMNS)
-            qgc, sgc = policy.gradient(grad, COLUMNS)
-            dw = QuantLinear._weight_grad(ctx, qxc, sxc, qgc, sgc)
-        bias_grad = QuantLinear._bias_grad(ctx, grad)
-        return None, dx, dw, bias_grad, None, None
+                qxc, sxc = policy.fresh(saved[0], False, columns)
+            qgc, sgc = policy.gradient(grad, columns)
+            if not policy.rotation:
+                dw = QuantLinear._weight_grad(ctx, qxc, sxc, qgc, sgc)
+            elif ctx.linear:  # dW [N, K] = dY^T X
+                dw = int8_gemm(qgc, qxc, sgc, sxc, "nt", None, policy.backend)
+            else:  # dW [K, N] = X^T dY
+                dw = int8_gemm(qxc, qgc, sxc, sgc, "nt", None, policy.backend)
+        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None, None
 
     @staticmethod
     def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
+        """Float32 backward; kept rotated columns of X are rotated back (the normalised
+        Hadamard matrix is its own inverse) and cut to X's rows."""
+        policy: QuantPolicy = ctx.policy
         saved = ctx.saved_tensors
         dx = dw = None
         if ctx.needs_input_grad[1]:
@@ -294,96 +310,16 @@ class RowQuantLinear(torch.autograd.Function):
             dx = grad @ w if ctx.linear else grad @ w.t()
         if ctx.needs_input_grad[2]:
             x = dequantize(saved[0], saved[1]) if ctx.keeps_quantized else saved[0]
-            dw = grad.t() @ x if ctx.linear else x.t() @ grad
-        bias_grad = QuantLinear._bias_grad(ctx, grad)
-        return None, dx, dw, bias_grad, None, None
-
-
-class RotatedQuantLinear(torch.autograd.Function):
-    """:class:`RowQuantLinear` with both operands of every product rotated along the
-    dimension it sums over (the policy's ``rotation``, a Hadamard block): each operand is
-    the rows of x or of x^T with that dimension last, rotated and quantized one scale a
-    row, and every product is ``A' B'^T`` ("nt"), equal to ``A B^T`` before quantization::
-
-        forward  Y  = X W^T / X W:   X rotated rows;     W rotated rows / rotated columns
-        dX       dY W   / dY W^T:    dY rotated rows;    W rotated columns / rotated rows
-        dW       dY^T X / X^T dY:    dY and X rotated columns
-
-    X's rotated columns (the sum over nodes), made in the forward when W needs a gradient,
-    are what backward keeps (cache on), or X itself (cache off)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        policy: QuantPolicy,
-        x: torch.Tensor,
-        w: torch.Tensor,
-        bias: Any,
-        linear: bool,
-        recording: bool,
-    ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = policy.cached(x, recording, ROTATED_ROWS)
-        qw, sw = policy.cached(w, recording, ROTATED_ROWS if linear else ROTATED_COLUMNS)
-        out = int8_gemm(qx, qw, sx, sw, "nt", bias, policy.backend)
-        needs = ctx.needs_input_grad  # (policy, x, w, bias, linear, recording)
-        ctx.policy, ctx.linear, ctx.has_bias = policy, linear, bias is not None
-        ctx.keeps_quantized = policy.cache is not None
-        x_cols: tuple[torch.Tensor, ...] = ()
-        if needs[2]:
-            x_cols = policy.cached(x, recording, ROTATED_COLUMNS) if ctx.keeps_quantized else (x,)
-        ctx.save_for_backward(*x_cols, w if needs[1] else None)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
-        return _backward(
-            ctx, grad, "gemm", RotatedQuantLinear._grads, RotatedQuantLinear._fp32_grads
-        )
-
-    @staticmethod
-    def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
-        policy: QuantPolicy = ctx.policy
-        saved = ctx.saved_tensors
-        grad = grad.contiguous()
-        dx = dw = None
-        if ctx.needs_input_grad[1]:  # sums over the output features
-            qw, sw = policy.cached(saved[-1], True, ROTATED_COLUMNS if ctx.linear else ROTATED_ROWS)
-            qg, sg = policy.gradient(grad, ROTATED_ROWS)
-            dx = int8_gemm(qg, qw, sg, sw, "nt", None, policy.backend)
-        if ctx.needs_input_grad[2]:  # sums over the nodes
-            if ctx.keeps_quantized:
-                qxc, sxc = saved[0], saved[1]
-                policy.note_reuse()
-            else:
-                qxc, sxc = policy.fresh(saved[0], False, ROTATED_COLUMNS)
-            qgc, sgc = policy.gradient(grad, ROTATED_COLUMNS)
-            if ctx.linear:  # dW [N, K] = dY^T X
-                dw = int8_gemm(qgc, qxc, sgc, sxc, "nt", None, policy.backend)
-            else:  # dW [K, N] = X^T dY
-                dw = int8_gemm(qxc, qgc, sxc, sgc, "nt", None, policy.backend)
-        bias_grad = QuantLinear._bias_grad(ctx, grad)
-        return None, dx, dw, bias_grad, None, None
-
-    @staticmethod
-    def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
-        """Float32 backward; kept rotated columns of X are rotated back (the normalised
-        Hadamard matrix is its own inverse) and cut to X's rows."""
-        saved = ctx.saved_tensors
-        dx = dw = None
-        if ctx.needs_input_grad[1]:
-            w = saved[-1]
-            dx = grad @ w if ctx.linear else grad @ w.t()
-        if ctx.needs_input_grad[2]:
-            if ctx.keeps_quantized:
-                policy: QuantPolicy = ctx.policy
-                rotated = dequantize(saved[0], saved[1])
+            if ctx.keeps_quantized and policy.rotation:
                 block = policy.rotation_block(grad.shape[0])
-                x = hadamard_rotate(rotated, block, policy.backend)[:, : grad.shape[0]].t()
-            else:
-                x = saved[0]
+                x = hadamard_rotate(x, block, policy.backend)[:, : grad.shape[0]].t()
             dw = grad.t() @ x if ctx.linear else x.t() @ grad
-        bias_grad = QuantLinear._bias_grad(ctx, grad)
-        return None, dx, dw, bias_grad, None, None
+        return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None, None
+
+
+def _sides(policy: QuantPolicy) -> tuple[str, str]:
+    """What :class:`RowQuantLinear` asks for by rows and by columns: rotated or not."""
+    return (ROTATED_ROWS, ROTATED_COLUMNS) if policy.rotation else (ROWS, COLUMNS)
 
 
 def quant_linear(
@@ -396,9 +332,7 @@ def quant_linear(
 ) -> torch.Tensor:
     """Quantized dense product for x of any rank >= 2 (leading dims flattened)."""
     function: type[torch.autograd.Function] = QuantLinear
-    if policy.rotation:
-        function = RotatedQuantLinear
-    elif policy.scales == "row":
+    if policy.scales == "row" or policy.rotation:
         function = RowQuantLinear
     if x.dim() == 2:
         return function.apply(policy, x, w, bias, linear, torch.is_grad_enabled())

@@ -87,7 +87,6 @@ BACKWARD_NODES = {
     "LinearBackward0": "GEMM",
     "QuantLinearBackward": "GEMM",
     "RowQuantLinearBackward": "GEMM",
-    "RotatedQuantLinearBackward": "GEMM",
     "GatherMMBackward": "GEMM",
     "SegmentMMBackward": "GEMM",
     "GSpMMBackward": "SpMM",

@@ -5,13 +5,14 @@ recipe refuses a rotation without row scales in one line."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from qtrain.plugins.tango import payoff
 from qtrain.plugins.tango.cache import QuantCache
-from qtrain.plugins.tango.functions import RotatedQuantLinear, quant_linear
+from qtrain.plugins.tango.functions import RowQuantLinear, quant_linear
 from qtrain.plugins.tango.policy import ROTATED_COLUMNS, ROTATED_ROWS, QuantPolicy
 
 from qtrain.errors import RecipeError
@@ -147,7 +148,7 @@ def test_a_non_finite_gradient_runs_the_float32_backward() -> None:
     policy = QuantPolicy(
         bits=8, scales="row", rotation=8, on_fp32=lambda p, why: told.append((p, why))
     )
-    y = RotatedQuantLinear.apply(policy, x, w, None, True, True)
+    y = RowQuantLinear.apply(policy, x, w, None, True, True)
     g = torch.randn(20, 5)
     g[3, 1] = float("nan")
     dx, dw = torch.autograd.grad(y, (x, w), g)
@@ -163,34 +164,14 @@ def test_a_non_finite_gradient_runs_the_float32_backward() -> None:
     assert torch.allclose(dx[~dx.isnan()], want_dx[~want_dx.isnan()])
 
 
-def _recipe(tmp_path: Path, extra: str) -> Path:
-    path = tmp_path / "r.toml"
-    path.write_text(
-        f"""
-[model]
-name = "gcn"
-hidden = 16
-[dataset]
-name = "synthetic-small"
-[train]
-epochs = 3
-[output]
-dir = "{tmp_path / "runs"}"
-[quant]
-plugin = ["tango"]
-[quant.tango]
-{extra}
-"""
-    )
-    return path
-
-
-def test_a_run_with_a_rotation_reports_it_and_runs_the_kernels(tmp_path: Path) -> None:
+def test_a_run_with_a_rotation_reports_it_and_runs_the_kernels(
+    tango_recipe: Callable[[str], Path],
+) -> None:
     from qtrain.recipe import load_recipe
     from qtrain.runner import execute
     from qtrain.train.progress import Reporter
 
-    recipe = load_recipe(_recipe(tmp_path, "bits = 4\nrotation = 16"), [])
+    recipe = load_recipe(tango_recipe("bits = 4\nrotation = 16"), [])
     summary = execute(recipe, reporter=Reporter())
     report = summary["plugin_reports"]["tango"]
     assert (report["scales"], report["rotation"]) == ("row", 16)
@@ -200,19 +181,23 @@ def test_a_run_with_a_rotation_reports_it_and_runs_the_kernels(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("rotation", ["12", "3", "true", '"16"', "512"])
-def test_a_rotation_that_is_not_a_block_is_refused(tmp_path: Path, rotation: str) -> None:
+def test_a_rotation_that_is_not_a_block_is_refused(
+    tango_recipe: Callable[[str], Path], rotation: str
+) -> None:
     from qtrain.recipe import load_recipe
 
     with pytest.raises(RecipeError, match="rotation") as info:
-        load_recipe(_recipe(tmp_path, f"rotation = {rotation}"), [])
+        load_recipe(tango_recipe(f"rotation = {rotation}"), [])
     assert "\n" not in str(info.value)
 
 
-def test_a_rotation_with_one_scale_per_tensor_is_refused(tmp_path: Path) -> None:
+def test_a_rotation_with_one_scale_per_tensor_is_refused(
+    tango_recipe: Callable[[str], Path],
+) -> None:
     from qtrain.recipe import load_recipe
 
     with pytest.raises(RecipeError, match="rotation = 16 needs one scale per row") as info:
-        load_recipe(_recipe(tmp_path, 'rotation = 16\nscales = "tensor"'), [])
+        load_recipe(tango_recipe('rotation = 16\nscales = "tensor"'), [])
     assert "\n" not in str(info.value)
 
 

@@ -4,6 +4,7 @@ tensor's rows and columns apart, and a run reports the scales it used."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,28 +173,6 @@ def test_calibration_measures_the_scales_the_run_uses() -> None:
     assert rows[4] < 0.3 < tensor[4]
 
 
-def _recipe(tmp_path: Path, extra: str) -> Path:
-    path = tmp_path / "r.toml"
-    path.write_text(
-        f"""
-[model]
-name = "gcn"
-hidden = 16
-[dataset]
-name = "synthetic-small"
-[train]
-epochs = 3
-[output]
-dir = "{tmp_path / "runs"}"
-[quant]
-plugin = ["tango"]
-[quant.tango]
-{extra}
-"""
-    )
-    return path
-
-
 @pytest.mark.parametrize(
     ("extra", "scales"),
     [
@@ -204,13 +183,13 @@ plugin = ["tango"]
     ],
 )
 def test_a_run_reports_its_scales_and_runs_the_kernels(
-    tmp_path: Path, extra: str, scales: str
+    tango_recipe: Callable[[str], Path], extra: str, scales: str
 ) -> None:
     from qtrain.recipe import load_recipe
     from qtrain.runner import execute
     from qtrain.train.progress import Reporter
 
-    summary = execute(load_recipe(_recipe(tmp_path, extra), []), reporter=Reporter())
+    summary = execute(load_recipe(tango_recipe(extra), []), reporter=Reporter())
     assert summary["plugin_reports"]["tango"]["scales"] == scales
     kernels = summary["kernels"]
     assert "ext-cpu" in kernels["gemm"] and "ext-cpu" in kernels["spmm"]

@@ -59,10 +59,6 @@ def test_classify_names() -> None:
     assert classify("qtrain::quantize_rows[ext-cpu]") == ("quantize", "ext-cpu")
     assert classify("qtrain::quantize_cols[ext-cuda]") == ("quantize", "ext-cuda")
     assert classify("qtrain::hadamard_rotate[ext-cpu]") == ("quantize", "ext-cpu")
-    assert classify("autograd::engine::evaluate_function: RotatedQuantLinearBackward") == (
-        "GEMM",
-        None,
-    )
     assert classify("autograd::engine::evaluate_function: RowQuantLinearBackward") == (
         "GEMM",
         None,
