@@ -82,6 +82,14 @@ class TangoConfig:
         min=2,
         max=8,
     )
+    input_bits: int = option(
+        8,
+        "bit count of the step inputs: the node features and what the model computes from "
+        "them alone before a weight (quantized once, reused every step, so a higher count "
+        "costs nothing a step); every other tensor takes bits",
+        min=2,
+        max=8,
+    )
     rounding: Literal["stochastic", "nearest"] = option(
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
     )
@@ -201,6 +209,7 @@ class TangoPlugin(Plugin):
                 bits = self.calibration.bits
             self.policy = QuantPolicy(
                 bits=int(bits),
+                input_bits=cfg.input_bits,
                 rounding=cfg.rounding,
                 scales=resolve_scales(cfg.scales),
                 rotation=cfg.rotation,
@@ -367,9 +376,14 @@ class TangoPlugin(Plugin):
             if lhs.dim() == 2 and policy.cache is not None:
                 # r * X aggregated first: the same values every step in a new tensor; its
                 # int8 copy is made once and handed to the cache under this step's tensor
-                kept = self.row_scaled.quantized_once(lhs, lambda y: policy.fresh(y, True))
+                # r * X is a step input when X is one (an evaluation remembers X, not r * X)
+                source = self.row_scaled.source(lhs)
+                bits = policy.bits_for(lhs, True, recording, source[0] if source else None)
+                kept = self.row_scaled.quantized_once(
+                    lhs, lambda y: policy.fresh(y, True, bits=bits), bits
+                )
                 if kept is not None:
-                    policy.store(lhs, kept)
+                    policy.store(lhs, kept, bits=bits)
                     self.row_scaled.used += 1
             return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, None, recording)
         if op == "mul" and lhs.dim() in (2, 3) and _per_head_weight(lhs, rhs):
@@ -527,6 +541,9 @@ class TangoPlugin(Plugin):
         policy = self.policy
         out: dict[str, Any] = {
             "bits": policy.bits if policy else self.config.bits,
+            "input_bits": self.config.input_bits,
+            # quantizations made at input_bits (step inputs; 0 when it equals bits)
+            "step_inputs_quantized": policy.step_inputs_quantized if policy else 0,
             "rounding": self.config.rounding,
             "scales": policy.scales if policy else self.config.scales,
             "rotation": self.config.rotation,

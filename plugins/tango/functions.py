@@ -262,7 +262,7 @@ class RowQuantLinear(torch.autograd.Function):
         ctx.keeps_quantized = policy.cache is not None
         ctx.x_constant = policy.constant(x, recording)
         x_cols: tuple[torch.Tensor, ...] = ()
-        if needs[2]:
+        if needs[2] and recording:  # an evaluation (nothing recorded) runs no backward
             x_cols = policy.cached(x, recording, columns) if ctx.keeps_quantized else (x,)
         ctx.save_for_backward(*x_cols, w if needs[1] else None)
         return out

@@ -58,8 +58,8 @@ class RowScaled:
     def __init__(self) -> None:
         # id(product) -> (product held weakly, X held weakly, r, versions of the three)
         self._records: dict[int, tuple[Any, Any, torch.Tensor, tuple[int, int, int]]] = {}
-        # id(X) -> (X held weakly, its version, r, quantization of r * X)
-        self._copies: dict[int, tuple[Any, int, torch.Tensor, Any]] = {}
+        # id(X) -> (X held weakly, its version, r, quantization of r * X, its key)
+        self._copies: dict[int, tuple[Any, int, torch.Tensor, Any, object]] = {}
         self.used = 0  # products that took X (dense) or r * X's int8 copy (SpMM)
 
     def __len__(self) -> int:
@@ -80,9 +80,12 @@ class RowScaled:
         versions = (out._version, x._version, r._version)
         self._records[id(out)] = (_entry_ref(self._records, out), weakref.ref(x), r, versions)
 
-    def quantized_once(self, y: torch.Tensor, quantize: Callable[[torch.Tensor], Q]) -> Q | None:
-        """``quantize(y)`` for a remembered ``y = r * X``, made once per ``X`` (unchanged)
-        and values of ``r``; None when ``y`` is not one."""
+    def quantized_once(
+        self, y: torch.Tensor, quantize: Callable[[torch.Tensor], Q], key: object = None
+    ) -> Q | None:
+        """``quantize(y)`` for a remembered ``y = r * X``, made once per ``X`` (unchanged),
+        values of ``r`` and ``key`` (what the quantization depends on besides the values,
+        such as its bit count); None when ``y`` is not one."""
         source = self.source(y)
         if source is None:
             return None
@@ -94,10 +97,11 @@ class RowScaled:
             and copy[1] == x._version
             and copy[2].shape == r.shape
             and torch.equal(copy[2], r)
+            and copy[4] == key
         ):
             return copy[3]
         value = quantize(y)
-        self._copies[id(x)] = (_entry_ref(self._copies, x), x._version, r.clone(), value)
+        self._copies[id(x)] = (_entry_ref(self._copies, x), x._version, r.clone(), value, key)
         return value
 
     def source(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

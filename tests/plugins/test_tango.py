@@ -213,9 +213,15 @@ def test_a_gradient_shared_by_two_products_is_quantized_once(
     made: list[tuple[int, ...]] = []
     real = QuantPolicy.fresh
 
-    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
+    def fresh(
+        self: QuantPolicy,
+        x: torch.Tensor,
+        constant: bool = False,
+        by: str = "rows",
+        bits: int | None = None,
+    ) -> Any:
         made.append(tuple(x.shape))
-        return real(self, x, constant, by)
+        return real(self, x, constant, by, bits)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
     torch.manual_seed(0)
@@ -318,10 +324,16 @@ def refused_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
     gradient holding NaN / Inf: each backward must then run in float32."""
     real = QuantPolicy.fresh
 
-    def fresh(self: QuantPolicy, x: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
+    def fresh(
+        self: QuantPolicy,
+        x: torch.Tensor,
+        constant: bool = False,
+        by: str = "rows",
+        bits: int | None = None,
+    ) -> Any:
         if inside_kernel():
             raise NonFiniteOperand("operand holds NaN or Inf")
-        return real(self, x, constant, by)
+        return real(self, x, constant, by, bits)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
 
@@ -744,9 +756,11 @@ def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[tuple[int, ...], 
     made: list[tuple[tuple[int, ...], str]] = []
     real = policy.fresh
 
-    def fresh(t: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
+    def fresh(
+        t: torch.Tensor, constant: bool = False, by: str = "rows", bits: int | None = None
+    ) -> Any:
         made.append((tuple(t.shape), policy.granularity(t, by)))
-        return real(t, constant, by)
+        return real(t, constant, by, bits)
 
     policy.fresh = fresh  # type: ignore[method-assign]
     return made
@@ -799,9 +813,11 @@ def test_graphconv_aggregating_first_quantizes_its_scaled_input_once() -> None:
         made: list[torch.Tensor] = []
         real = policy.fresh
 
-        def fresh(t: torch.Tensor, constant: bool = False, by: str = "rows") -> Any:
+        def fresh(
+            t: torch.Tensor, constant: bool = False, by: str = "rows", bits: int | None = None
+        ) -> Any:
             made.append(t.clone())
-            return real(t, constant, by)
+            return real(t, constant, by, bits)
 
         policy.fresh = fresh  # type: ignore[method-assign]
         for _ in range(3):
