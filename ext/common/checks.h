@@ -282,5 +282,54 @@ inline int64_t segment_offsets(const char* fn, const at::Tensor& offsets) {
   return offsets.numel() - 1;
 }
 
+// ---------------------------------------------------------------- SpMM (qspmm, qspmm4)
+
+// The SpMM's operands other than its rows q (checked by the caller between the indices and
+// these): indptr and indices first, then what needs the rows' heads.
+inline void spmm_indices(const char* fn, const at::Tensor& indptr, const at::Tensor& indices) {
+  index(fn, "indptr", indptr);
+  index(fn, "indices", indices);
+  same_device(fn, "indices", indices, "indptr", indptr.device());
+}
+
+inline void spmm_weights(const char* fn, const at::Tensor& indptr, const at::Tensor& indices,
+                         int64_t heads, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& eids) {
+  const at::Device device = indptr.device();
+  TORCH_CHECK_VALUE(indptr.numel() >= 1, fn, ": indptr needs at least one entry (rows + 1)");
+  const int64_t nnz = indices.numel();
+  const bool has_eids = eids.has_value() && eids->defined();
+  if (has_eids) {
+    index(fn, "eids", *eids);
+    same_device(fn, "eids", *eids, "indptr", device);
+    TORCH_CHECK_VALUE(eids->numel() == nnz, fn, ": eids has ", eids->numel(), " entries, indices ",
+                      nnz);
+  }
+  if (weight.has_value() && weight->defined()) {
+    const at::Tensor& w = *weight;
+    dense(fn, "weight", w);
+    same_device(fn, "weight", w, "indptr", device);
+    TORCH_CHECK_TYPE(!at::isComplexType(w.scalar_type()) && w.scalar_type() != at::kBool, fn,
+                     ": weight must be a real (float32) tensor, got ",
+                     dtype_name(w.scalar_type()));
+    const int64_t per_edge = w.dim() >= 2 ? w.size(1) : 1;
+    const bool shape_ok = (w.dim() == 1 || w.dim() == 2 || (w.dim() == 3 && w.size(2) == 1)) &&
+                          (per_edge == 1 || per_edge == heads);
+    TORCH_CHECK_VALUE(shape_ok, fn, ": weight must have shape [E], [E, 1], [E, ", heads,
+                      "] or [E, ", heads, ", 1], got ", w.sizes());
+    TORCH_CHECK_VALUE(has_eids || w.size(0) >= nnz, fn, ": weight has ", w.size(0),
+                      " rows but there are ", nnz, " entries and no eids");
+  }
+}
+
+// width values packed two per byte take ceil(width / 2) bytes: the last dimension of
+// `packed` (pack_int4's layout).
+inline void int4_width(const char* fn, const at::Tensor& packed, int64_t width) {
+  const int64_t bytes = packed.dim() >= 1 ? packed.size(-1) : 0;
+  TORCH_CHECK_VALUE(width >= 0 && (width + 1) / 2 == bytes, fn, ": width must satisfy "
+                    "ceil(width / 2) == packed.size(-1) (", bytes, " bytes: width ",
+                    bytes > 0 ? 2 * bytes - 1 : 0, " or ", 2 * bytes, "), got ", width);
+}
+
 }  // namespace checks
 }  // namespace qtrain

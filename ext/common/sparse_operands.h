@@ -25,8 +25,11 @@ struct Spmm {
   int64_t rows = 0, nnz = 0, H = 1, D = 0, Hw = 1;  // Hw: weights per edge (1 or H)
 };
 
+// width: the values per row (per head) of q when q holds them packed (qspmm4: two 4-bit
+// values per byte); -1 for int8 q, whose last dimension is the width.
 inline Spmm spmm(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& q,
-                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& eids) {
+                 const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& eids,
+                 int64_t width = -1) {
   Spmm s;
   s.q = q.contiguous();
   s.weighted = weight.has_value() && weight->defined();
@@ -40,7 +43,7 @@ inline Spmm spmm(const at::Tensor& indptr, const at::Tensor& indices, const at::
   s.rows = s.indptr.numel() - 1;
   s.nnz = s.indices.numel();
   s.H = s.q.dim() == 3 ? s.q.size(1) : 1;
-  s.D = s.q.size(-1);
+  s.D = width >= 0 ? width : s.q.size(-1);
   if (s.weighted) {
     s.w = weight->to(at::kFloat).contiguous();
     s.Hw = s.w.dim() == 1 ? 1 : s.w.size(1);

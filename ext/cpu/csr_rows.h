@@ -43,12 +43,13 @@ QT_ALWAYS_INLINE bool row_in_range(const I* p, int64_t b, int64_t e, int64_t n) 
   return ok;
 }
 
-// Prefetches `bytes` of the input row of entry k + kPrefetch, from feature f0 on.
-template <typename I>
-QT_ALWAYS_INLINE void prefetch_row(const I* ix, int64_t k, int64_t nnz, const int8_t* q,
-                                   int64_t F, int64_t f0, int64_t bytes) {
+// Prefetches `bytes` of the input row of entry k + kPrefetch (rows of F bytes), from byte
+// f0 on (T: int8_t rows, or uint8_t rows of packed 4-bit values).
+template <typename I, typename T>
+QT_ALWAYS_INLINE void prefetch_row(const I* ix, int64_t k, int64_t nnz, const T* q, int64_t F,
+                                   int64_t f0, int64_t bytes) {
   if (k + kPrefetch < nnz) {
-    const int8_t* p = q + static_cast<int64_t>(ix[k + kPrefetch]) * F + f0;
+    const T* p = q + static_cast<int64_t>(ix[k + kPrefetch]) * F + f0;
     __builtin_prefetch(p);
     __builtin_prefetch(p + bytes - 1);
   }

@@ -24,7 +24,8 @@ namespace sparse {
 
 // Lanes<ISA>: W int32 / float32 lanes per vector register of that ISA (4 for
 // SSE2, 8 for AVX2, 16 for AVX-512) as GCC generic vectors, and load(p): W
-// int8 lanes at p (unaligned) sign-extended to int32. The bodies are templates
+// int8 lanes at p (unaligned) sign-extended to int32 (load_int4(p): W 4-bit values
+// packed two per byte, qspmm4's rows). The bodies are templates
 // on the ISA and written once against these; load is the one per-ISA piece
 // (GCC 12 lowers a direct int8 -> int32 __builtin_convertvector to scalar
 // code, so the x86 variants use the sign-extending load vpmovsxbd). The x86
@@ -50,6 +51,14 @@ struct Lanes {
   }
   // 4 int8 lanes at p widened to int32 (narrow rows: GAT's per-head scalars).
   static QT_ALWAYS_INLINE v4i32 load4(const int8_t* p) { return load(p); }
+  // W 4-bit two's-complement values packed two per byte at p (W / 2 bytes: value 2i in
+  // byte i's low nibble, 2i + 1 in its high nibble), sign-extended to int32 in value order.
+  static QT_ALWAYS_INLINE vi load_int4(const uint8_t* p) {
+    const uint32_t b0 = p[0], b1 = p[1];
+    const vi x = {static_cast<int32_t>(b0 << 28), static_cast<int32_t>(b0 << 24),
+                  static_cast<int32_t>(b1 << 28), static_cast<int32_t>(b1 << 24)};
+    return x >> 28;
+  }
 };
 #if QT_X86_DISPATCH
 template <>
@@ -66,6 +75,16 @@ struct Lanes<isa::kAvx2> {
     std::memcpy(&v, p, sizeof v);
     return reinterpret_cast<v4i32>(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
   }
+  // 4 bytes -> 8 values: the bytes interleaved with themselves shifted left by 4 (the low
+  // nibble on top; a 16-bit shift, whose carry lands in the low nibble that the final
+  // shift drops), sign-extended, then an arithmetic shift right by 4.
+  QT_TARGET_AVX2 static inline vi load_int4(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof v);
+    const __m128i x = _mm_cvtsi32_si128(v);
+    const __m128i pairs = _mm_unpacklo_epi8(_mm_slli_epi16(x, 4), x);
+    return reinterpret_cast<vi>(_mm256_srai_epi32(_mm256_cvtepi8_epi32(pairs), 4));
+  }
 };
 template <>
 struct Lanes<isa::kAvx512> {
@@ -80,6 +99,12 @@ struct Lanes<isa::kAvx512> {
     int32_t v;
     std::memcpy(&v, p, sizeof v);
     return reinterpret_cast<v4i32>(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
+  }
+  // 8 bytes -> 16 values, as Lanes<kAvx2>::load_int4.
+  QT_TARGET_AVX512 static inline vi load_int4(const uint8_t* p) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i pairs = _mm_unpacklo_epi8(_mm_slli_epi16(x, 4), x);
+    return reinterpret_cast<vi>(_mm512_srai_epi32(_mm512_cvtepi8_epi32(pairs), 4));
   }
 };
 #endif

@@ -34,37 +34,10 @@ struct QSpmm {
                     double, const std::optional<at::Tensor>& weight,
                     const std::optional<at::Tensor>& eids) {
     constexpr const char* fn = "qtrain::qspmm";
-    checks::index(fn, "indptr", indptr);
-    const at::Device device = indptr.device();
-    checks::index(fn, "indices", indices);
-    checks::same_device(fn, "indices", indices, "indptr", device);
+    checks::spmm_indices(fn, indptr, indices);
     checks::int8_rows(fn, "q", q);
-    checks::same_device(fn, "q", q, "indptr", device);
-    TORCH_CHECK_VALUE(indptr.numel() >= 1, fn, ": indptr needs at least one entry (rows + 1)");
-    const int64_t nnz = indices.numel();
-    const bool has_eids = eids.has_value() && eids->defined();
-    if (has_eids) {
-      checks::index(fn, "eids", *eids);
-      checks::same_device(fn, "eids", *eids, "indptr", device);
-      TORCH_CHECK_VALUE(eids->numel() == nnz, fn, ": eids has ", eids->numel(),
-                        " entries, indices ", nnz);
-    }
-    if (weight.has_value() && weight->defined()) {
-      const at::Tensor& w = *weight;
-      checks::dense(fn, "weight", w);
-      checks::same_device(fn, "weight", w, "indptr", device);
-      TORCH_CHECK_TYPE(!at::isComplexType(w.scalar_type()) && w.scalar_type() != at::kBool, fn,
-                       ": weight must be a real (float32) tensor, got ",
-                       checks::dtype_name(w.scalar_type()));
-      const int64_t heads = q.dim() == 3 ? q.size(1) : 1;
-      const int64_t per_edge = w.dim() >= 2 ? w.size(1) : 1;
-      const bool shape_ok = (w.dim() == 1 || w.dim() == 2 || (w.dim() == 3 && w.size(2) == 1)) &&
-                            (per_edge == 1 || per_edge == heads);
-      TORCH_CHECK_VALUE(shape_ok, fn, ": weight must have shape [E], [E, 1], [E, ", heads,
-                        "] or [E, ", heads, ", 1], got ", w.sizes());
-      TORCH_CHECK_VALUE(has_eids || w.size(0) >= nnz, fn, ": weight has ", w.size(0),
-                        " rows but there are ", nnz, " entries and no eids");
-    }
+    checks::same_device(fn, "q", q, "indptr", indptr.device());
+    checks::spmm_weights(fn, indptr, indices, q.dim() == 3 ? q.size(1) : 1, weight, eids);
   }
 };
 

@@ -63,6 +63,26 @@ def qspmm(
     return _empty((indptr.shape[0] - 1, *q.shape[1:]), torch.float32, q)
 
 
+def qspmm4(
+    indptr: Tensor,
+    indices: Tensor,
+    packed: Tensor,
+    width: int,
+    scale: float,
+    weight: Tensor | None = None,
+    eids: Tensor | None = None,
+) -> Tensor:
+    return _empty((indptr.shape[0] - 1, *packed.shape[1:-1], width), torch.float32, packed)
+
+
+def pack_int4(q: Tensor) -> Tensor:
+    return _empty((*q.shape[:-1], (q.shape[-1] + 1) // 2), torch.uint8, q)
+
+
+def unpack_int4(packed: Tensor, width: int) -> Tensor:
+    return _empty((*packed.shape[:-1], width), torch.int8, packed)
+
+
 def qsddmm(
     op: str,
     q_lhs: Tensor,
@@ -245,6 +265,9 @@ FAKES: dict[str, Callable[..., Any]] = {
         hadamard_rotate,
         fill_counter_uniform,
         qspmm,
+        qspmm4,
+        pack_int4,
+        unpack_int4,
         qsddmm,
         int8_gemm,
         quantized_gemm,

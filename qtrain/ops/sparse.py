@@ -49,6 +49,7 @@ import torch
 
 from qtrain.ops import dispatch
 from qtrain.ops.gemm import combined_scale, per_tensor
+from qtrain.quant import packed as packed_ref
 
 SPMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qspmm
 SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qsddmm
@@ -133,20 +134,39 @@ def _check_weight(
         )
 
 
+def _check_packed(fn: str, packed: object, width: object) -> None:
+    """Dense uint8 rows [N, ceil(width / 2)] or [N, H, ceil(width / 2)] (pack_int4's layout)."""
+    packed = _check_dense(fn, "packed", packed)
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"{fn}: packed must be uint8, got {_dtype_name(packed.dtype)}")
+    if packed.dim() not in (2, 3):
+        raise ValueError(
+            f"{fn}: packed must have shape [N, ceil(width / 2)] or [N, H, ceil(width / 2)], "
+            f"got {list(packed.shape)}"
+        )
+
+
 def _check_qspmm(
     indptr: torch.Tensor,
     indices: torch.Tensor,
     q: torch.Tensor,
     weight: torch.Tensor | None = None,
     eids: torch.Tensor | None = None,
+    width: int | None = None,
 ) -> None:
-    """What ``torch.ops.qtrain.qspmm`` refuses (front and kernels), refused the same way."""
-    fn = "qspmm"
+    """What ``torch.ops.qtrain.qspmm`` refuses (front and kernels), refused the same way;
+    with ``width``, what ``qspmm4`` refuses (q: packed rows of ``width`` 4-bit values)."""
+    fn, name = ("qspmm", "q") if width is None else ("qspmm4", "packed")
     _check_index(fn, "indptr", indptr)
     _check_index(fn, "indices", indices)
     _check_device(fn, "indices", indices, "indptr", indptr)
-    _check_q(fn, "q", q)
-    _check_device(fn, "q", q, "indptr", indptr)
+    if width is None:
+        _check_q(fn, "q", q)
+    else:
+        _check_packed(fn, q, width)
+    _check_device(fn, name, q, "indptr", indptr)
+    if width is not None:
+        packed_ref.check_int4_width(fn, q, width)
     if indptr.numel() < 1:
         raise ValueError(f"{fn}: indptr needs at least one entry (rows + 1)")
     nnz = indices.numel()
@@ -163,7 +183,7 @@ def _check_qspmm(
     if not _in_range(indices, q.shape[0]) or bad_eids:
         where = f" or of eids outside [0, {weight.shape[0]}) (rows of weight)" if bad_eids else ""
         raise ValueError(
-            f"{fn}: an entry of indices is outside [0, {q.shape[0]}) (rows of q){where}"
+            f"{fn}: an entry of indices is outside [0, {q.shape[0]}) (rows of {name}){where}"
         )
 
 
@@ -265,6 +285,47 @@ def row_scales(fn: str, name: str, scale: torch.Tensor, q: torch.Tensor) -> torc
     return t.reshape(rows)
 
 
+def reference_qspmm4(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    packed: torch.Tensor,
+    width: int,
+    scale: torch.Tensor | float,
+    weight: torch.Tensor | None = None,
+    eids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The pure-PyTorch definition of the op ``qspmm4``: :func:`reference_qspmm` of the
+    unpacked rows (it checks its arguments as the op does)."""
+    _check_qspmm(indptr, indices, packed, weight, eids, width=width)
+    q = packed_ref.unpack_int4(packed, width)
+    return reference_qspmm(indptr, indices, q, scale, weight, eids)
+
+
+def _fold_row_scales(
+    fn: str,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    rows: torch.Tensor,
+    scale: torch.Tensor | float,
+    weight: torch.Tensor | None,
+    eids: torch.Tensor | None,
+    width: int | None = None,
+) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
+    """(scale, weight, eids) for the ops: as given for one scale; with one scale per row of
+    the input (``rows``: q, or the packed rows of ``width`` values), the scales folded into
+    the weights (see :func:`qspmm`) and a scale of 1."""
+    if per_tensor(scale):
+        return scale, weight, eids
+    scale_rows = row_scales(fn, "scale", scale, rows)
+    if weight is None:
+        return 1.0, scale_rows, indices
+    _check_qspmm(indptr, indices, rows, weight, eids, width=width)  # before anything is indexed
+    heads = rows.shape[1] if rows.dim() == 3 else 1
+    w = _heads_weight(weight, heads)
+    entry_w = w if eids is None else w[eids.to(torch.int64)]
+    return 1.0, entry_w[: indices.numel()] * scale_rows[indices.to(torch.int64), None], None
+
+
 def qspmm(
     indptr: torch.Tensor,
     indices: torch.Tensor,
@@ -283,25 +344,39 @@ def qspmm(
     Without edge weights no E-sized tensor is made: the op reads the weight of entry k
     at ``indices[k]``.
     """
-    if not per_tensor(scale):
-        scale_rows = row_scales("qspmm", "scale", scale, q)
-        if weight is None:
-            weight, eids = scale_rows, indices
-        else:
-            _check_qspmm(indptr, indices, q, weight, eids)  # before anything is indexed
-            heads = q.shape[1] if q.dim() == 3 else 1
-            w = _heads_weight(weight, heads)
-            entry_w = w if eids is None else w[eids.to(torch.int64)]
-            weight, eids = (
-                entry_w[: indices.numel()] * scale_rows[indices.to(torch.int64), None],
-                None,
-            )
-        scale = 1.0
+    scale, weight, eids = _fold_row_scales("qspmm", indptr, indices, q, scale, weight, eids)
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
     with dispatch.call("spmm", chosen):
         if chosen == "reference":
             return reference_qspmm(indptr, indices, q, scale, weight, eids)
         return torch.ops.qtrain.qspmm(indptr, indices, q, float(scale), weight, eids)
+
+
+def qspmm_packed(
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    packed: torch.Tensor,
+    width: int,
+    scale: torch.Tensor | float,
+    weight: torch.Tensor | None = None,
+    eids: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """:func:`qspmm` of rows of ``width`` 4-bit values packed two per byte (uint8 ``[N,
+    ceil(width / 2)]`` or ``[N, H, ceil(width / 2)]``, ``qtrain.ops.packed.pack_int4``'s
+    layout), bit for bit ``qspmm(indptr, indices, unpack_int4(packed, width), scale,
+    weight, eids)``; the kernels gather the packed rows (half the bytes). ``scale`` as in
+    :func:`qspmm` (one, or one per row). Counted as the primitive "spmm", like
+    :func:`qspmm`: it is the same SpMM, so per-primitive counts and profiles stay whole.
+    """
+    scale, weight, eids = _fold_row_scales(
+        "qspmm4", indptr, indices, packed, scale, weight, eids, width=width
+    )
+    chosen = dispatch.resolve("spmm", packed, backend, kernels=SPMM_KERNELS)
+    with dispatch.call("spmm", chosen):
+        if chosen == "reference":
+            return reference_qspmm4(indptr, indices, packed, width, scale, weight, eids)
+        return torch.ops.qtrain.qspmm4(indptr, indices, packed, width, float(scale), weight, eids)
 
 
 def qspmm_incidence(

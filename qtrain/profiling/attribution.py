@@ -63,6 +63,8 @@ KERNELS = {
     "quantize_rows": "quantize",
     "quantize_cols": "quantize",
     "hadamard_rotate": "quantize",  # the rotation before a rotated GEMM's quantization
+    "pack_int4": "quantize",  # 4-bit values packed two per byte, part of quantizing them
+    "unpack_int4": "quantize",
     "compress": "quantize",
     "dequantize": "dequantize",
     "decompress": "dequantize",

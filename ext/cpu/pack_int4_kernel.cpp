@@ -1,0 +1,59 @@
+// pack_int4 on the CPU (front: ops/pack_int4.cpp): int8 values in [-8, 7] stored two per
+// byte, value j of a row in byte j / 2 (low nibble for an even j); reference
+// qtrain/quant/packed.py pack_int4. Rows in contiguous chunks per thread; a value out of
+// range is noted as the rows are packed and refused after the loop.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/threads.h"
+
+namespace qtrain {
+namespace {
+
+// Packs one row of d values into (d + 1) / 2 bytes; whether every value was in [-8, 7].
+inline bool pack_row(const int8_t* q, int64_t d, uint8_t* out) {
+  uint8_t bad = 0;
+  const int64_t pairs = d / 2;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const uint8_t lo = static_cast<uint8_t>(q[2 * i]), hi = static_cast<uint8_t>(q[2 * i + 1]);
+    bad |= static_cast<uint8_t>(lo + 8) | static_cast<uint8_t>(hi + 8);  // > 15: out of range
+    out[i] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
+  }
+  if (d % 2 != 0) {
+    const uint8_t lo = static_cast<uint8_t>(q[d - 1]);
+    bad |= static_cast<uint8_t>(lo + 8);
+    out[pairs] = lo & 0xF;
+  }
+  return (bad & 0xF0) == 0;
+}
+
+at::Tensor pack_int4(const at::Tensor& q_in) {
+  const at::Tensor q = q_in.contiguous();
+  const int64_t d = q.size(-1), bytes = (d + 1) / 2;
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+  shape.back() = bytes;
+  at::Tensor out = at::empty(shape, q.options().dtype(at::kByte));
+  const int64_t rows = d == 0 ? 0 : q.numel() / d;
+  const int8_t* src = q.const_data_ptr<int8_t>();
+  uint8_t* dst = out.mutable_data_ptr<uint8_t>();
+  const int nt = plan_threads(q.numel(), 1 << 18);
+  bool ok = true;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(&& : ok)
+#endif
+  for (int64_t r = 0; r < rows; ++r) ok = pack_row(src + r * d, d, dst + r * bytes) && ok;
+  (void)nt;
+  TORCH_CHECK_VALUE(ok, "qtrain::pack_int4: every value of q must be in [-8, 7] (4-bit "
+                        "two's complement)");
+  return out;
+}
+
+}  // namespace
+}  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("pack_int4", &qtrain::pack_int4); }
