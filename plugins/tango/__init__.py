@@ -90,6 +90,14 @@ class TangoConfig:
         min=2,
         max=8,
     )
+    weight_bits: int = option(
+        8,
+        "bit count of the weights (parameters) a quantized product reads: small next to the "
+        "node tensors and quantized once a step, so more bits there cost little; every "
+        "other tensor takes bits",
+        min=2,
+        max=8,
+    )
     rounding: Literal["stochastic", "nearest"] = option(
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
     )
@@ -210,6 +218,7 @@ class TangoPlugin(Plugin):
             self.policy = QuantPolicy(
                 bits=int(bits),
                 input_bits=cfg.input_bits,
+                weight_bits=cfg.weight_bits,
                 rounding=cfg.rounding,
                 scales=resolve_scales(cfg.scales),
                 rotation=cfg.rotation,
@@ -544,6 +553,9 @@ class TangoPlugin(Plugin):
             "input_bits": self.config.input_bits,
             # quantizations made at input_bits (step inputs; 0 when it equals bits)
             "step_inputs_quantized": policy.step_inputs_quantized if policy else 0,
+            "weight_bits": self.config.weight_bits,
+            # quantizations made at weight_bits (0 when it equals bits)
+            "weights_quantized": policy.weights_quantized if policy else 0,
             "rounding": self.config.rounding,
             "scales": policy.scales if policy else self.config.scales,
             "rotation": self.config.rotation,

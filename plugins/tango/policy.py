@@ -25,6 +25,11 @@ the rotated x^T). Rotating both operands of a product along the dimension it sum
 leaves the product unchanged, ``(A H)(B H)^T = A B^T``, and spreads one large value over
 its block before the few levels of a low bit count are divided among a row.
 
+Weights (``weight_bits``): the parameters a product reads are small next to the node
+tensors (a [K, N] weight against [nodes, K] activations) and quantized once a step, so
+their bit count decides little of what a step reads or saves; at 4 bits and below they
+lose accuracy that more bits there win back (synthetic-arxiv GCN at 4 bits, README).
+
 Step inputs (``input_bits``): a forward operand that takes no part in the gradient a
 training step records (the node features, or what the model computes from them alone,
 such as GCN's normalised and aggregated features) is quantized at ``input_bits``, every
@@ -61,6 +66,11 @@ def resolve_scales(scales: str) -> str:
     return "row" if scales == "auto" else scales
 
 
+def is_weight(x: torch.Tensor) -> bool:
+    """A weight: a leaf that needs a gradient (a parameter, in training and in evaluation)."""
+    return x.requires_grad and x.is_leaf
+
+
 def rotation_block(rotation: int, length: int) -> int:
     """The Hadamard block for a summed dimension of ``length``: ``rotation``, or the
     smallest power of two covering a shorter dimension (7 classes pad to 8, not 32)."""
@@ -81,6 +91,7 @@ class QuantPolicy:
 
     bits: int = 8
     input_bits: int | None = None  # the step inputs' bit count (module doc); None: bits
+    weight_bits: int | None = None  # the weights' bit count (module doc); None: bits
     rounding: str = "stochastic"
     scales: str = "tensor"
     rotation: int = 0  # Hadamard block along a GEMM's summed dimension; 0: none
@@ -90,6 +101,7 @@ class QuantPolicy:
     # told (primitive, why) when a backward runs in float32 (tango's fp32_calls report)
     on_fp32: Callable[[str, str], None] | None = None
     step_inputs_quantized: int = 0  # quantizations made at input_bits, not bits
+    weights_quantized: int = 0  # quantizations made at weight_bits, not bits
     _offset: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # tensors quantized as step inputs while a step recorded (weakly: they die freely)
@@ -133,7 +145,10 @@ class QuantPolicy:
         """The bit count x is quantized at: ``input_bits`` for a step input (a ``constant``
         while a training step is ``recording``, or one remembered as such, or a constant
         ``derived_from`` one, such as ``r * X`` from the features X), else ``bits``. A step
-        input is remembered, and so is what it was derived from."""
+        input is remembered, and so is what it was derived from. A weight (a leaf that
+        needs a gradient: a parameter) takes ``weight_bits``, in an evaluation too."""
+        if is_weight(x):
+            return self.bits if self.weight_bits is None else self.weight_bits
         if self.input_bits is None or self.input_bits == self.bits or not constant:
             return self.bits
         with self._lock:
@@ -166,7 +181,10 @@ class QuantPolicy:
             bits = self.bits_for(x, True, False)
         if bits != self.bits:
             with self._lock:
-                self.step_inputs_quantized += 1
+                if is_weight(x):
+                    self.weights_quantized += 1
+                else:
+                    self.step_inputs_quantized += 1
         by = self.granularity(x, by)
         target = self._rotated(x, by)
         seed, offset = self.seed, 0

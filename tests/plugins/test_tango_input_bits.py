@@ -1,7 +1,8 @@
-"""tango's step inputs at their own bit count (``input_bits``, issue 32): the node features
-and what the model computes from them alone are quantized at ``input_bits``, weights,
-activations and gradients at ``bits``; an evaluation quantizes the features as the steps
-did; a run reports both counts and how many quantizations took ``input_bits``."""
+"""tango's step inputs and weights at their own bit counts (``input_bits``, ``weight_bits``,
+issue 32): the node features and what the model computes from them alone are quantized
+at ``input_bits``, the parameters at ``weight_bits``, activations and gradients at
+``bits``; an evaluation quantizes the features and weights as the steps did; a run
+reports the counts and how many quantizations took each."""
 
 from __future__ import annotations
 
@@ -153,12 +154,28 @@ def test_graphconv_aggregating_first_keeps_its_scaled_input_at_input_bits() -> N
         with torch.no_grad():
             conv(g, x)
         report = session.report()["tango"]
-    assert (report["bits"], report["input_bits"]) == (4, 8)
+    assert (report["bits"], report["input_bits"], report["weight_bits"]) == (4, 8, 8)
     # deg^-1/2 * X once, then each step the aggregate's rows and columns: all at 8 bits
     assert [level for shape, level in steps if shape == (50, 6)] == [127] * 5
-    assert all(level == 7 for shape, level in steps if shape != (50, 6))  # W, gradients
-    assert made == [((50, 6), 7), ((6, 32), 7)]  # the aggregate's rows, the weight
+    assert [level for shape, level in steps if shape == (6, 32)] == [127]  # W, once
+    assert all(level == 7 for shape, level in steps if shape == (50, 32))  # the gradients
+    assert made == [((50, 6), 7), ((6, 32), 127)]  # the aggregate's rows, the weight
     assert report["row_scaled_inputs"] == 3  # both steps and the evaluation reused the copy
+
+
+def test_weights_take_weight_bits_in_steps_and_evaluations() -> None:
+    torch.manual_seed(6)
+    x = torch.randn(40, 12, requires_grad=True) * 1.0  # an activation: no leaf, a gradient
+    w = torch.randn(6, 12, requires_grad=True)
+    policy = QuantPolicy(bits=4, weight_bits=8, rounding="nearest", scales="row")
+    made = _recorded_levels(policy)
+    quant_linear(policy, x, w, linear=True).square().sum().backward()
+    with torch.no_grad():
+        quant_linear(policy, x.detach(), w, linear=True)
+    levels = [level for shape, level in made if shape == (6, 12)]
+    assert levels == [127, 127, 127]  # rows (forward), columns (dX), the evaluation's rows
+    assert all(level == 7 for shape, level in made if shape != (6, 12))
+    assert (policy.weights_quantized, policy.step_inputs_quantized) == (3, 0)
 
 
 def test_a_run_reports_its_input_bits(tango_recipe: Callable[[str], Path]) -> None:
@@ -168,21 +185,21 @@ def test_a_run_reports_its_input_bits(tango_recipe: Callable[[str], Path]) -> No
 
     summary = execute(load_recipe(tango_recipe("bits = 4"), []), reporter=Reporter())
     report = summary["plugin_reports"]["tango"]
-    assert (report["bits"], report["input_bits"]) == (4, 8)
-    assert report["step_inputs_quantized"] > 0
-    summary = execute(
-        load_recipe(tango_recipe("bits = 4\ninput_bits = 4"), []), reporter=Reporter()
-    )
-    report = summary["plugin_reports"]["tango"]
-    assert (report["input_bits"], report["step_inputs_quantized"]) == (4, 0)
+    assert (report["bits"], report["input_bits"], report["weight_bits"]) == (4, 8, 8)
+    assert report["step_inputs_quantized"] > 0 and report["weights_quantized"] > 0
+    recipe = tango_recipe("bits = 4\ninput_bits = 4\nweight_bits = 4")
+    report = execute(load_recipe(recipe, []), reporter=Reporter())["plugin_reports"]["tango"]
+    assert (report["input_bits"], report["weight_bits"]) == (4, 4)
+    assert (report["step_inputs_quantized"], report["weights_quantized"]) == (0, 0)
 
 
+@pytest.mark.parametrize("option", ["input_bits", "weight_bits"])
 @pytest.mark.parametrize("value", ["1", "9", '"8"', "4.5"])
-def test_an_input_bit_count_out_of_range_is_refused(
-    tango_recipe: Callable[[str], Path], value: str
+def test_a_bit_count_out_of_range_is_refused(
+    tango_recipe: Callable[[str], Path], option: str, value: str
 ) -> None:
     from qtrain.recipe import load_recipe
 
-    with pytest.raises(RecipeError, match="input_bits") as info:
-        load_recipe(tango_recipe(f"input_bits = {value}"), [])
+    with pytest.raises(RecipeError, match=option) as info:
+        load_recipe(tango_recipe(f"{option} = {value}"), [])
     assert "\n" not in str(info.value)

@@ -23,7 +23,8 @@ def _typed_linear(sorted_by_type: bool, plugins: list[str], bits: int = 8):
     x = torch.randn(300, 24, generator=torch.Generator().manual_seed(2), requires_grad=True)
     policy: dict = {"plugin": plugins}
     if "tango" in plugins:
-        policy["tango"] = {"bits": bits, "fp32_before_softmax": False}
+        # every operand at bits (x, a leaf that needs a gradient, counts as a weight)
+        policy["tango"] = {"bits": bits, "weight_bits": bits, "fp32_before_softmax": False}
     with qtrain.patch(policy):
         out = linear(x, types, sorted_by_type)
         out.pow(2).sum().backward()
