@@ -140,21 +140,25 @@ def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleRu
 
 
 @pytest.fixture
-def tango_recipe(tmp_path: Path) -> Callable[[str], Path]:
-    """Write a 3-epoch tango recipe (GCN on synthetic-small) whose ``[quant.tango]`` table
-    holds the given lines; returns its path."""
+def tango_recipe(tmp_path: Path) -> Callable[..., Path]:
+    """Write a 3-epoch tango recipe (``model``, default GCN, on synthetic-small, full-graph
+    or ``mode = "minibatch"``) whose ``[quant.tango]`` table holds the given lines; returns
+    its path (each call rewrites the same file)."""
 
-    def write(tango_lines: str) -> Path:
+    def write(tango_lines: str = "", model: str = "gcn", mode: str = "full") -> Path:
+        fanouts = "fanouts = [5, 5]\nbatch_size = 512" if mode == "minibatch" else ""
         path = tmp_path / "r.toml"
         path.write_text(
             f"""
 [model]
-name = "gcn"
+name = "{model}"
 hidden = 16
 [dataset]
 name = "synthetic-small"
 [train]
 epochs = 3
+mode = "{mode}"
+{fanouts}
 [output]
 dir = "{tmp_path / "runs"}"
 [quant]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -559,31 +560,6 @@ def test_auto_bits_needs_a_model_outside_qtrain_run() -> None:
 # ------------------------------------------------------------------ runs
 
 
-def _recipe(tmp_path: Path, extra: str = "", model: str = "gcn", mode: str = "full") -> Path:
-    fanouts = "fanouts = [5, 5]\nbatch_size = 512" if mode == "minibatch" else ""
-    path = tmp_path / "r.toml"
-    path.write_text(
-        f"""
-[model]
-name = "{model}"
-hidden = 16
-[dataset]
-name = "synthetic-small"
-[train]
-epochs = 3
-mode = "{mode}"
-{fanouts}
-[output]
-dir = "{tmp_path / "runs"}"
-[quant]
-plugin = ["tango"]
-[quant.tango]
-{extra}
-"""
-    )
-    return path
-
-
 def _run(path: Path, *overrides: str) -> dict[str, Any]:
     from qtrain.recipe import load_recipe
     from qtrain.runner import execute
@@ -595,8 +571,10 @@ def _run(path: Path, *overrides: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("model", "mode"), [("gcn", "full"), ("gat", "full"), ("sage", "minibatch")]
 )
-def test_run_summary_has_kernels_table(tmp_path: Path, model: str, mode: str) -> None:
-    summary = _run(_recipe(tmp_path, model=model, mode=mode))
+def test_run_summary_has_kernels_table(
+    tango_recipe: Callable[..., Path], model: str, mode: str
+) -> None:
+    summary = _run(tango_recipe(model=model, mode=mode))
     kernels = summary["kernels"]
     assert kernels["gemm"] and kernels["spmm"]
     assert kernels["quantize_rows"] and kernels["quantize_cols"]  # "auto": one scale per row
@@ -608,23 +586,25 @@ def test_run_summary_has_kernels_table(tmp_path: Path, model: str, mode: str) ->
     assert report["bits"] == 8 and report["cache"]["hits"] > 0
 
 
-def test_runs_repeat_with_stochastic_rounding(tmp_path: Path) -> None:
-    a = _run(_recipe(tmp_path, "bits = 4"))
-    b = _run(_recipe(tmp_path, "bits = 4"))
+def test_runs_repeat_with_stochastic_rounding(tango_recipe: Callable[..., Path]) -> None:
+    a = _run(tango_recipe("bits = 4"))
+    b = _run(tango_recipe("bits = 4"))
     assert a["final_loss"] == b["final_loss"] and a["test_acc"] == b["test_acc"]
 
 
-def test_fp32_before_softmax_off_quantizes_the_output_layer(tmp_path: Path) -> None:
-    on = _run(_recipe(tmp_path))
-    off = _run(_recipe(tmp_path, "fp32_before_softmax = false"))
+def test_fp32_before_softmax_off_quantizes_the_output_layer(
+    tango_recipe: Callable[..., Path],
+) -> None:
+    on = _run(tango_recipe())
+    off = _run(tango_recipe("fp32_before_softmax = false"))
     assert "fp32" in on["kernels"]["gemm"]
     assert "fp32" not in off["kernels"]["gemm"]
     assert on["plugin_reports"]["tango"]["fp32_before_softmax"] is True
     assert off["plugin_reports"]["tango"]["fp32_before_softmax"] is False
 
 
-def test_auto_bits_records_the_calibration(tmp_path: Path) -> None:
-    summary = _run(_recipe(tmp_path, 'bits = "auto"\nerror_x_target = 0.5'))
+def test_auto_bits_records_the_calibration(tango_recipe: Callable[..., Path]) -> None:
+    summary = _run(tango_recipe('bits = "auto"\nerror_x_target = 0.5'))
     report = summary["plugin_reports"]["tango"]
     cal = report["calibration"]
     errors = {int(b): e for b, e in cal["error_x"].items()}
@@ -645,19 +625,21 @@ def test_auto_bits_records_the_calibration(tmp_path: Path) -> None:
         ("fp32_when_small = 3", "fp32_when_small = 3 must be true or false"),
     ],
 )
-def test_bad_tango_options_are_one_line_errors(tmp_path: Path, extra: str, message: str) -> None:
+def test_bad_tango_options_are_one_line_errors(
+    tango_recipe: Callable[..., Path], extra: str, message: str
+) -> None:
     from qtrain.errors import RecipeError
     from qtrain.recipe import load_recipe
 
     with pytest.raises(RecipeError, match=message):
-        load_recipe(_recipe(tmp_path, extra), [])
+        load_recipe(tango_recipe(extra), [])
 
 
-def test_calibrate_cli_json(tmp_path: Path) -> None:
+def test_calibrate_cli_json(tango_recipe: Callable[..., Path]) -> None:
     import subprocess
     import sys
 
-    path = _recipe(tmp_path)
+    path = tango_recipe()
     proc = subprocess.run(
         [sys.executable, "-m", "qtrain", "calibrate", str(path), "--json", "--target", "0.4"],
         capture_output=True,
