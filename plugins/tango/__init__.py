@@ -113,6 +113,12 @@ class TangoConfig:
         "dimension it sums over before they are quantized (spreads outliers; 0: none); "
         'needs one scale per row (scales = "row" or "auto")',
     )
+    packed: bool = option(
+        True,
+        "at 4 bits or fewer, store quantized operands two values a byte (what the cache "
+        "keeps, what a product saves for backward, the rows an SpMM gathers): half the "
+        "bytes of int8, the same values",
+    )
     cache: bool = option(
         True, "reuse quantized tensors between primitives and from forward to backward"
     )
@@ -222,6 +228,7 @@ class TangoPlugin(Plugin):
                 rounding=cfg.rounding,
                 scales=resolve_scales(cfg.scales),
                 rotation=cfg.rotation,
+                packed=cfg.packed,
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
                 backend=cfg.backend,
@@ -559,6 +566,9 @@ class TangoPlugin(Plugin):
             "rounding": self.config.rounding,
             "scales": policy.scales if policy else self.config.scales,
             "rotation": self.config.rotation,
+            "packed": self.config.packed,
+            # quantized operands stored two values a byte (at 4 bits or fewer)
+            "operands_packed": policy.operands_packed if policy else 0,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,
             # what was done, not what was asked: a user's loop may name no output layer
             "fp32_before_softmax": self.output_layer_kept,

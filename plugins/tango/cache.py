@@ -34,7 +34,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from qtrain.train.activations import note_copy
 
-Quantized = tuple[torch.Tensor, torch.Tensor]  # (q int8, scale float32 0-d)
+Quantized = tuple[torch.Tensor, torch.Tensor]  # (q int8 or packed uint8, scale float32)
 
 
 def _fingerprint(x: torch.Tensor) -> tuple[object, ...]:
@@ -98,6 +98,15 @@ class QuantCache:
             self.misses += 1
             self._store(key, x, fingerprint, settings, value)
         return value
+
+    def peek(self, x: torch.Tensor, settings: tuple[object, ...]) -> Quantized | None:
+        """The cached quantization of ``x`` under ``settings`` if there is a fresh one, else
+        None; counts nothing (the caller converts it into another form it then caches)."""
+        with self._lock:
+            entry = self._entries.get(id(x), {}).get(settings)
+            if entry is not None and entry.ref() is x and entry.fingerprint == _fingerprint(x):
+                return entry.value
+        return None
 
     def put(self, x: torch.Tensor, settings: tuple[object, ...], value: Quantized) -> None:
         """Store ``value`` as the quantization of ``x`` under ``settings``: one the caller

@@ -8,6 +8,10 @@ the cache off, forward keeps the float operands and backward quantizes them
 again. All products go to ``qtrain.ops.gemm`` / ``qtrain.ops.sparse``, which
 pick the compiled kernel and count the call.
 
+At 4 bits or fewer (the policy's ``packed``) an SpMM gathers packed rows (``qspmm4``:
+half the bytes of int8) and keeps them for its backward, and a GEMM keeps X's columns
+packed, unpacking them in backward; the values are those of int8 storage, bit for bit.
+
 Gradients of float32 inputs are float32; master weights stay float32 (the
 optimizer never sees a quantized value).
 """
@@ -33,7 +37,7 @@ from qtrain.plugins.tango.policy import (
 from qtrain.ops.gemm import int8_gemm
 from qtrain.ops.graph import GraphCSR
 from qtrain.ops.rotate import hadamard_rotate
-from qtrain.ops.sparse import qsddmm, qspmm
+from qtrain.ops.sparse import qsddmm, qspmm, qspmm_packed
 from qtrain.ops.typed import int8_segment_gemm
 from qtrain.quant.quantize import dequantize
 
@@ -113,15 +117,19 @@ def _restored(ctx: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return _operands(ctx, _unpacked(ctx)[0])
 
 
-def _floats(ctx: Any) -> list[torch.Tensor]:
-    """The saved operands in float32: dequantized (cache on) or as saved (cache off)."""
+def _floats(ctx: Any, widths: tuple[int, ...] = ()) -> list[torch.Tensor]:
+    """The saved operands in float32: dequantized (cache on; packed rows unpacked to
+    ``widths[i]``, given by the Functions that save packed operands) or as saved (cache off)."""
     stored = _unpacked(ctx)[0]
-    if ctx.keeps_quantized:
-        return [
-            None if stored[i] is None else dequantize(stored[i], stored[i + 1])
-            for i in range(0, len(stored), 2)
-        ]
-    return stored
+    if not ctx.keeps_quantized:
+        return stored
+    floats = []
+    for i in range(0, len(stored), 2):
+        value = (stored[i], stored[i + 1])
+        if value[0] is not None and value[0].dtype == torch.uint8:
+            value = ctx.policy.unpacked(value, widths[i // 2])
+        floats.append(None if value[0] is None else dequantize(*value))
+    return floats
 
 
 Grads = tuple[Any, ...]
@@ -263,7 +271,11 @@ class RowQuantLinear(torch.autograd.Function):
         ctx.x_constant = policy.constant(x, recording)
         x_cols: tuple[torch.Tensor, ...] = ()
         if needs[2] and recording:  # an evaluation (nothing recorded) runs no backward
-            x_cols = policy.cached(x, recording, columns) if ctx.keeps_quantized else (x,)
+            # kept packed where the policy packs: only backward reads them, unpacked there
+            x_cols = (
+                policy.cached(x, recording, columns, packed=True) if ctx.keeps_quantized else (x,)
+            )
+            ctx.x_width = policy.quantized_width(x, columns)
         ctx.save_for_backward(*x_cols, w if needs[1] else None)
         return out
 
@@ -285,7 +297,7 @@ class RowQuantLinear(torch.autograd.Function):
             dx = int8_gemm(qg, qw, sg, sw, layout, None, policy.backend)
         if ctx.needs_input_grad[2]:  # sums over the nodes
             if ctx.keeps_quantized:
-                qxc, sxc = saved[0], saved[1]
+                qxc, sxc = policy.unpacked((saved[0], saved[1]), ctx.x_width)
                 policy.note_reuse()
             else:
                 qxc, sxc = policy.fresh(saved[0], False, columns)
@@ -309,7 +321,10 @@ class RowQuantLinear(torch.autograd.Function):
             w = saved[-1]
             dx = grad @ w if ctx.linear else grad @ w.t()
         if ctx.needs_input_grad[2]:
-            x = dequantize(saved[0], saved[1]) if ctx.keeps_quantized else saved[0]
+            if ctx.keeps_quantized:
+                x = dequantize(*policy.unpacked((saved[0], saved[1]), ctx.x_width))
+            else:
+                x = saved[0]
             if ctx.keeps_quantized and policy.rotation:
                 block = policy.rotation_block(grad.shape[0])
                 x = hadamard_rotate(x, block, policy.backend)[:, : grad.shape[0]].t()
@@ -408,6 +423,23 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], x.shape[1], -1)
 
 
+def _gather_sum(
+    policy: QuantPolicy,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    value: tuple[torch.Tensor, torch.Tensor],
+    width: int,
+    weight: torch.Tensor | None = None,
+    eids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The SpMM of quantized rows of ``width`` values: packed ones (uint8, what the policy
+    stores at 4 bits or fewer) by ``qspmm4``, which gathers half the bytes, int8 by ``qspmm``."""
+    q, s = value
+    if q.dtype == torch.uint8:
+        return qspmm_packed(indptr, indices, q, width, s, weight, eids, policy.backend)
+    return qspmm(indptr, indices, q, s, weight, eids, policy.backend)
+
+
 class QuantSpMM(torch.autograd.Function):
     """Sum aggregation of ``copy_u`` (node to node) or ``u_mul_e`` messages."""
 
@@ -415,15 +447,10 @@ class QuantSpMM(torch.autograd.Function):
     def forward(
         ctx: Any, policy: QuantPolicy, csr: GraphCSR, x: torch.Tensor, w: Any, recording: bool
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = _operand(policy, x, recording)
-        out = qspmm(
-            csr.in_indptr,
-            csr.in_indices,
-            qx,
-            sx,
-            weight=w,
-            eids=csr.in_eids,
-            backend=policy.backend,
+        qx, sx = policy.cached(x, recording, ROWS, packed=True)
+        ctx.width = x.shape[-1]
+        out = _gather_sum(
+            policy, csr.in_indptr, csr.in_indices, (qx, sx), ctx.width, w, csr.in_eids
         )
         ctx.csr = csr
         ctx.w_shape = None if w is None else w.shape
@@ -447,21 +474,17 @@ class QuantSpMM(torch.autograd.Function):
     def _grads(ctx: Any, grad: torch.Tensor) -> Grads:
         csr: GraphCSR = ctx.csr
         policy: QuantPolicy = ctx.policy
-        qg, sg = policy.gradient(grad.contiguous())
+        qg, sg = policy.gradient(grad.contiguous(), packed=True)
         stored, (w,) = _unpacked(ctx)
         dx = dw = None
         if ctx.needs_input_grad[2]:
-            dx = qspmm(
-                csr.out_indptr,
-                csr.out_indices,
-                qg,
-                sg,
-                weight=w,
-                eids=csr.out_eids,
-                backend=policy.backend,
+            dx = _gather_sum(
+                policy, csr.out_indptr, csr.out_indices, (qg, sg), grad.shape[-1], w, csr.out_eids
             )
         if w is not None and ctx.needs_input_grad[3]:
             ((qx, sx),) = _operands(ctx, stored)
+            qx, sx = policy.unpacked((qx, sx), ctx.width)  # the SDDMM reads int8
+            qg, sg = policy.unpacked((qg, sg), grad.shape[-1])
             dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
             dw = _reduce_to(dots, ctx.w_shape)
         return None, None, dx, dw, None
@@ -477,7 +500,7 @@ class QuantSpMM(torch.autograd.Function):
             messages = grad_e if w is None else grad_e * w
             dx = grad.new_zeros((csr.num_src, *grad.shape[1:])).index_add_(0, src, messages)
         if w is not None and ctx.needs_input_grad[3]:
-            (x,) = _floats(ctx)
+            (x,) = _floats(ctx, (ctx.width,))
             dots = (x.index_select(0, src) * grad_e).sum(-1, keepdim=True)
             dw = _reduce_to(dots, ctx.w_shape)
         return None, None, dx, dw, None
@@ -507,7 +530,7 @@ def _reduce_to(x: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     if x.numel() == int(torch.Size(shape).numel()):
         return x.reshape(shape)
     # a per-edge scalar weight shared by H heads: sum the heads' contributions
-    return x.reshape(x.shape[0], -1).sum(1).reshape(shape)
+    return x.flatten(1).sum(1).reshape(shape)
 
 
 # ---------------------------------------------------------------- SDDMM
@@ -574,7 +597,7 @@ class QuantSDDMM(torch.autograd.Function):
                 dy = -dy if ctx.op == "sub" else dy
         elif ctx.op == "dot":
             (qx, sx), (qy, sy) = _restored(ctx)
-            w = grad.reshape(grad.shape[0], -1)  # [E, H]
+            w = grad.flatten(1)  # [E, H]
             if ctx.needs_input_grad[3]:
                 dx = qspmm(lhs_side[0], lhs_side[1], qy, sy, w, lhs_side[2], policy.backend)
             if ctx.needs_input_grad[4]:

@@ -30,6 +30,13 @@ tensors (a [K, N] weight against [nodes, K] activations) and quantized once a st
 their bit count decides little of what a step reads or saves; at 4 bits and below they
 lose accuracy that more bits there win back (synthetic-arxiv GCN at 4 bits, README).
 
+Packed operands (``packed``): at 4 bits or fewer a quantized value fits a nibble, so an
+operand asked for ``packed`` is stored two values a byte (uint8 ``[..., ceil(D / 2)]``,
+``qtrain.ops.packed``): what the cache keeps, what a product saves for its backward and the
+rows an SpMM gathers (``qspmm4``) take half the bytes of int8. A product that reads int8
+(the GEMMs) unpacks; a tensor asked for both forms is quantized once, the second form made
+from the first (packing or unpacking, no second draw).
+
 Step inputs (``input_bits``): a forward operand that takes no part in the gradient a
 training step records (the node features, or what the model computes from them alone,
 such as GCN's normalised and aggregated features) is quantized at ``input_bits``, every
@@ -49,12 +56,14 @@ import torch
 from qtrain.plugins.tango.cache import QuantCache, Quantized
 from torch.utils.weak import WeakIdKeyDictionary
 
+from qtrain.ops.packed import pack_int4, unpack_int4
 from qtrain.ops.quantize import quantize, quantize_per_column, quantize_per_row
 from qtrain.ops.rotate import hadamard_rotate
 
 _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
 ROWS, COLUMNS, TENSOR = "rows", "columns", "tensor"  # what a primitive asks for (``by``)
 ROTATED_ROWS, ROTATED_COLUMNS = "rotated rows", "rotated columns"  # with ``rotation``
+PACKABLE_BITS = 4  # at this bit count or fewer a quantized value fits a nibble
 
 
 def resolve_scales(scales: str) -> str:
@@ -95,6 +104,7 @@ class QuantPolicy:
     rounding: str = "stochastic"
     scales: str = "tensor"
     rotation: int = 0  # Hadamard block along a GEMM's summed dimension; 0: none
+    packed: bool = False  # store operands asked for ``packed`` two 4-bit values a byte
     seed: int = 0
     cache: QuantCache | None = field(default_factory=QuantCache)
     backend: str = "auto"
@@ -102,6 +112,7 @@ class QuantPolicy:
     on_fp32: Callable[[str, str], None] | None = None
     step_inputs_quantized: int = 0  # quantizations made at input_bits, not bits
     weights_quantized: int = 0  # quantizations made at weight_bits, not bits
+    operands_packed: int = 0  # quantized operands stored packed (two values a byte)
     _offset: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # tensors quantized as step inputs while a step recorded (weakly: they die freely)
@@ -113,13 +124,13 @@ class QuantPolicy:
             self._offset += n
         return start
 
-    def gradient(self, grad: torch.Tensor, by: str = ROWS) -> Quantized:
+    def gradient(self, grad: torch.Tensor, by: str = ROWS, packed: bool = False) -> Quantized:
         """Quantize an incoming gradient. Through the cache when it is on: autograd hands
         one tensor to every branch of a sum (RGCN's relation messages plus its self-loop,
         a residual), and each branch's quantized backward then reads one quantization
         instead of making its own. The cache holds tensors weakly, so no gradient outlives
-        its backward."""
-        return self._through_cache(grad, False, by)
+        its backward. ``packed`` as in :meth:`cached`."""
+        return self._through_cache(grad, False, by, None, packed)
 
     @staticmethod
     def constant(x: torch.Tensor, recording: bool | None = None) -> bool:
@@ -231,27 +242,80 @@ class QuantPolicy:
             return quantize_per_column(x, *args)
         return quantize_per_row(x, *args)  # rows, and the rows of a rotated x
 
-    def cached(self, x: torch.Tensor, recording: bool | None = None, by: str = ROWS) -> Quantized:
+    def cached(
+        self, x: torch.Tensor, recording: bool | None = None, by: str = ROWS, packed: bool = False
+    ) -> Quantized:
         """Quantize a forward operand, reusing an earlier quantization of the same unchanged
         tensor if cached (a constant's and a stream draw's are kept apart: a weight an
         evaluation quantized is not what the next training step draws). ``recording`` as
-        in :meth:`constant`; ``by`` as the module doc says."""
+        in :meth:`constant`; ``by`` as the module doc says. ``packed``: the caller reads
+        packed rows too (uint8, two values a byte), which it gets where the policy packs
+        and x's bit count allows (:meth:`packs`); the width to unpack them to is
+        :meth:`quantized_width`."""
         if recording is None:
             recording = torch.is_grad_enabled()
         constant = self.constant(x, recording)
-        return self._through_cache(x, constant, by, self.bits_for(x, constant, recording))
+        return self._through_cache(x, constant, by, self.bits_for(x, constant, recording), packed)
+
+    def packs(self, bits: int) -> bool:
+        """Whether an operand asked for packed at ``bits`` is stored packed."""
+        return self.packed and bits <= PACKABLE_BITS
+
+    def quantized_width(self, x: torch.Tensor, by: str) -> int:
+        """The last dimension of x's quantization ``by``: what packed rows unpack to (a
+        rotated side is padded to its Hadamard block; rotated columns are x^T's rows)."""
+        by = self.granularity(x, by)
+        if by == ROTATED_ROWS:
+            length = x.shape[-1]
+        elif by == ROTATED_COLUMNS:
+            length = x.shape[0]
+        else:
+            return x.shape[-1]
+        block = self.rotation_block(length)
+        return -(-length // block) * block
+
+    def unpacked(self, value: Quantized, width: int) -> Quantized:
+        """``value`` as int8 (packed rows unpacked to ``width``; int8 as it is)."""
+        q, s = value
+        if q.dtype != torch.uint8:
+            return value
+        return unpack_int4(q, width, self.backend), s
 
     def _through_cache(
-        self, x: torch.Tensor, constant: bool, by: str, bits: int | None = None
+        self,
+        x: torch.Tensor,
+        constant: bool,
+        by: str,
+        bits: int | None = None,
+        packed: bool = False,
     ) -> Quantized:
         bits = self.bits if bits is None else bits
+        packed = packed and self.packs(bits)
         if self.cache is None:
-            return self.fresh(x, constant, by, bits)
-        return self.cache.get_or_quantize(
-            x,
-            self._settings(constant, self.granularity(x, by), bits),
-            lambda t: self.fresh(t, constant, by, bits),
-        )
+            value = self.fresh(x, constant, by, bits)
+            return self._packed(value) if packed else value
+        settings = self._settings(constant, self.granularity(x, by), bits)
+        packed_settings = (*settings, "packed")
+        mine, other = (packed_settings, settings) if packed else (settings, packed_settings)
+        cache = self.cache
+
+        def make(t: torch.Tensor) -> Quantized:
+            # one quantization a tensor: its other form, if cached, converted
+            found = cache.peek(t, other)
+            if found is None:
+                value = self.fresh(t, constant, by, bits)
+                return self._packed(value) if packed else value
+            if packed:
+                return self._packed(found)
+            return self.unpacked(found, self.quantized_width(t, by))
+
+        return cache.get_or_quantize(x, mine, make)
+
+    def _packed(self, value: Quantized) -> Quantized:
+        """An int8 quantization (values within a nibble) as packed rows."""
+        with self._lock:
+            self.operands_packed += 1
+        return pack_int4(value[0], self.backend), value[1]
 
     def store(
         self, x: torch.Tensor, value: Quantized, by: str = ROWS, bits: int | None = None

@@ -64,9 +64,7 @@ def quantize_per_row(
     """
     xf = ref.as_float32(x)
     if xf.dim() > 2:
-        q, scale = quantize_per_row(
-            xf.reshape(xf.shape[0], -1), bits, rounding, seed, offset, backend
-        )
+        q, scale = quantize_per_row(xf.flatten(1), bits, rounding, seed, offset, backend)
         return q.view(xf.shape), scale.view(xf.shape[0], *[1] * (xf.dim() - 1))
     chosen = dispatch.resolve("quantize_rows", xf, backend, kernels=ROW_QUANTIZE_KERNELS)
     with dispatch.call("quantize_rows", chosen):

@@ -266,3 +266,13 @@ def test_quantize_per_row_of_a_3d_tensor_is_that_of_its_flattened_rows() -> None
         assert torch.equal(q, want_q.view(7, 3, 5)) and torch.equal(scale.view(7, 1), want_scale)
     with pytest.raises(ValueError, match="2-d"):
         quantize_per_row(torch.ones(4), 4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "ext-cpu"])
+def test_quantize_per_row_of_an_empty_3d_tensor(backend: str) -> None:
+    """No rows (the edges of a graph without edges, [0, H, 1]): empty q and scales, not a
+    reshape error."""
+    from qtrain.ops.quantize import quantize_per_row
+
+    q, scale = quantize_per_row(torch.empty(0, 3, 1), 4, "stochastic", 0, 0, backend)
+    assert q.shape == (0, 3, 1) and q.dtype == torch.int8 and scale.shape == (0, 1, 1)
