@@ -16,6 +16,13 @@ against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
     python bench/epoch.py --threads 2 --models cora-gcn cora-gat cora-sage citeseer-gcn \
         citeseer-gat citeseer-sage   # Planetoid from ../shared/datasets or --planetoid-root
     python bench/epoch.py --variants fp32 tango-tensor tango-row --bits 4   # scales per tensor / row
+    python bench/epoch.py --variants tango-8 tango-4 tango-4-int8 tango-2 --baseline tango-8
+
+``tango-B`` is tango at B bits whatever ``--bits`` says, ``tango-B-int8`` the same with
+``packed = false`` (issue 32: below 5 bits tango stores its operands two values a byte;
+this variant keeps them int8, so the pair shows what packing changes). Every row also has
+the bytes its steps saved for backward (``activation_bytes``, the trainer's meter, highest
+step), and with ``--baseline`` the ratios of time and bytes against that variant.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +63,18 @@ MODELS = {
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 
 
+NAMED_VARIANTS = ["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row"]
+# tango at a bit count of its own, optionally with its operands kept int8 (not packed)
+BITS_VARIANT = re.compile(r"tango-([2-8])(-int8)?")
+
+
+def variant(name: str) -> str:
+    """``name`` if it names a variant (argparse's check), else ValueError."""
+    if name in NAMED_VARIANTS or BITS_VARIANT.fullmatch(name):
+        return name
+    raise ValueError(name)
+
+
 def _session(name: str, model: Any, bits: int, seed: int) -> Any:
     """What a variant's epochs run inside: nothing, bf16 autocast, or tango's patch session."""
     if name == "fp32":
@@ -64,6 +84,10 @@ def _session(name: str, model: Any, bits: int, seed: int) -> Any:
     tango: dict[str, Any] = {"bits": bits}  # "tango": the plugin's default scales
     if name in ("tango-tensor", "tango-row"):
         tango["scales"] = name.removeprefix("tango-")
+    own_bits = BITS_VARIANT.fullmatch(name)
+    if own_bits:
+        tango["bits"] = int(own_bits.group(1))
+        tango["packed"] = own_bits.group(2) is None
     quant = parse_quant({"plugin": ["tango"], "tango": tango})
     return PatchSession(quant, PluginContext(seed=seed, model=model))
 
@@ -88,6 +112,7 @@ def bench_model(
     repeat: int,
     planetoid_root: Path | None = None,
     settle: int = 0,
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     """Every variant's epochs, interleaved: one epoch each per round, the order rotated.
 
@@ -114,7 +139,7 @@ def bench_model(
 
     rows: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        epochs, sessions, kernels = {}, {}, {}
+        epochs, sessions, kernels, meters = {}, {}, {}, {}
         for name in variants:
             try:
                 dataset, graph, model, device = stack.enter_context(prepared(recipe))
@@ -127,6 +152,7 @@ def bench_model(
             sessions[name] = _session(name, model, bits, recipe.train.seed)
             epochs[name] = trainer.train_epoch
             kernels[name] = {}
+            meters[name] = trainer.meter
         usable = {}
         for name, epoch in epochs.items():  # one untimed epoch: does the variant run at all
             try:
@@ -158,6 +184,7 @@ def bench_model(
                 "iqr_s": t.iqr_s,
                 "times_s": t.times_s,
                 "kernels": kernels[name],
+                "activation_bytes": meters[name].activation_bytes,
                 **({"tango": report} if report else {}),
             }
             print(f"  {key} {name}: {t.ms('.1f')} ms/epoch (median ± IQR)", flush=True)
@@ -170,6 +197,16 @@ def bench_model(
             row["speedup_vs_fp32_iqr"] = (
                 _ratio_quartiles(rows["fp32"]["times_s"], row["times_s"]) if base else None
             )
+    against = rows.get(baseline or "", {})
+    if "median_s" in against:
+        for row in rows.values():
+            if "median_s" in row:
+                row["speedup_vs_baseline"] = against["median_s"] / row["median_s"]
+                row["speedup_vs_baseline_iqr"] = _ratio_quartiles(
+                    against["times_s"], row["times_s"]
+                )
+                saved = row["activation_bytes"]
+                row["saved_vs_baseline"] = against["activation_bytes"] / saved if saved else None
     return rows
 
 
@@ -213,10 +250,20 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         nargs="+",
         default=["fp32", "bf16-autocast", "tango"],
-        choices=["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row"],
+        type=variant,
+        metavar="VARIANT",
+        help=f"{', '.join(NAMED_VARIANTS)}, tango-B or tango-B-int8 (B in 2..8)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=variant,
+        default=None,
+        help="a variant to take the ratios of time and saved bytes against too (one of --variants)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if args.baseline is not None and args.baseline not in args.variants:
+        parser.error(f"--baseline {args.baseline} is not one of --variants")
     torch.set_num_threads(args.threads)
     results: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -236,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             args.small_repeat if small else args.repeat,
             args.planetoid_root,
             settle=args.small_settle if small else 0,
+            baseline=args.baseline,
         )
     print()
     print(
@@ -261,8 +309,31 @@ def main(argv: list[str] | None = None) -> int:
                 + (f" {spread[0]:5.2f}-{spread[1]:5.2f}x" if spread else " " * 14)
                 + (f" {vs16:7.2f}x" if vs16 else "      n/a")
             )
+    if args.baseline is not None:
+        print_against(results["models"], args.baseline)
     write_json(args.json, results)
     return 0
+
+
+def print_against(models: dict[str, Any], baseline: str) -> None:
+    """The time and saved-bytes ratios against ``baseline`` (> 1: faster, smaller)."""
+    print()
+    print(
+        f"{'model':13} {'variant':14} {'ms/epoch':>9} {'vs ' + baseline:>13} "
+        f"{'rounds IQR':>13} {'saved MiB':>10} {'vs ' + baseline:>13}"
+    )
+    for key, rows in models.items():
+        for name, row in rows.items():
+            if not isinstance(row, dict) or "speedup_vs_baseline" not in row:
+                continue
+            spread = row["speedup_vs_baseline_iqr"]
+            saved = row["saved_vs_baseline"]
+            print(
+                f"{key:13} {name:14} {row['median_s'] * 1e3:9.1f} "
+                f"{row['speedup_vs_baseline']:12.2f}x {spread[0]:5.2f}-{spread[1]:5.2f}x "
+                f"{row['activation_bytes'] / 2**20:10.1f} "
+                + (f"{saved:12.2f}x" if saved else "          n/a")
+            )
 
 
 if __name__ == "__main__":

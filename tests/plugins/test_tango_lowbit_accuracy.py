@@ -40,7 +40,9 @@ def test_tango_low_bits_stay_near_fp32(example: str, bits: int, example_runs: Ex
         assert report["step_inputs_quantized"] > 0 and report["weights_quantized"] > 0, report
         # a plugin that silently stayed float32 would pass the bar: the low-bit kernels ran
         kernels = summary["kernels"]
-        for primitive in ("gemm", "spmm", "quantize_rows", "quantize_cols"):
+        # and the operands were stored packed, two 4-bit values a byte (the default)
+        assert report["packed"] and report["operands_packed"] > 0, report
+        for primitive in ("gemm", "spmm", "quantize_rows", "quantize_cols", "pack_int4"):
             quantized = {b for b, n in kernels.get(primitive, {}).items() if n and b != "fp32"}
             assert quantized, f"{example}: no quantized {primitive} ran ({kernels})"
     gap = fp32 - mean
