@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from qtrain.plugins.exact.compressed import (
     BLOCK,
+    MIN_BLOCK_BITS,
     CompressedMask,
     CompressedTensor,
     CompressingCodec,
@@ -81,8 +82,10 @@ def test_codec_round_trip_bound(bits: int, shape: tuple[int, ...]) -> None:
     assert isinstance(stored, CompressedTensor)
     y = codec.decode(stored)
     assert y.shape == x.shape and y.dtype == x.dtype
+    # blocks of narrow rows (unrelated edges) take at least MIN_BLOCK_BITS, rows take bits
+    assert stored.bits == (max(bits, MIN_BLOCK_BITS) if stored.blocked else bits)
     # each value is off by at most one level of its row (block)
-    levels = 2**bits - 1
+    levels = 2**stored.bits - 1
     rows = x.reshape(-1) if stored.blocked else x.reshape(shape[0], -1)
     if stored.blocked:
         pad = -rows.numel() % BLOCK
@@ -91,9 +94,9 @@ def test_codec_round_trip_bound(bits: int, shape: tuple[int, ...]) -> None:
     err = (y.reshape(-1) - x.reshape(-1)).abs()
     bound = (step * 1.02 + 1e-2)[:, None].expand(rows.shape).reshape(-1)[: x.numel()]
     assert bool((err <= bound).all())
-    # the packed values at `bits` each plus two bfloat16 row parameters, nothing else
+    # the packed values at their bits each plus two bfloat16 row parameters, nothing else
     n_rows, width = rows.shape
-    assert codec.nbytes(stored) == (n_rows * width * bits + 7) // 8 + 4 * n_rows
+    assert codec.nbytes(stored) == (n_rows * width * stored.bits + 7) // 8 + 4 * n_rows
 
 
 def test_codec_rows_narrower_than_min_row_are_blocked_and_never_projected() -> None:
