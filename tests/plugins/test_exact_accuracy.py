@@ -1,7 +1,8 @@
 """Accuracy bars of the exact plugin (exact-iclr22 section 5.1) on the real Planetoid splits.
 
 Compressed saved activations cost at most 0.5 point of test accuracy at INT2
-and at most 1.0 point with the random projection (D/R = 8) before INT2: mean
+and at INT1 (issue 32), and at most 1.0 point with the random projection (D/R =
+8) before INT2: mean
 test accuracy (at the best validation epoch) over seeds 0, 1, 2 with the
 example recipes as shipped, against FP32 runs with the same seeds (shared
 with the other accuracy tests). Reads ../shared/datasets (skipped without
@@ -15,6 +16,7 @@ from conftest import SEEDS, ExampleRuns, needs_planetoid
 
 VARIANTS = {  # name: (overrides, tolerance in points)
     "exact-int2": (['quant.plugin=["exact"]', "quant.exact.bits=2"], 0.5),
+    "exact-int1": (['quant.plugin=["exact"]', "quant.exact.bits=1"], 0.5),
     "exact-rp8-int2": (
         ['quant.plugin=["exact"]', "quant.exact.bits=2", "quant.exact.rp_ratio=8"],
         1.0,
