@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import statistics
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,6 +14,19 @@ from typing import Any
 
 import pytest
 import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_script(name: str) -> Iterator[ModuleType]:
+    """``bench/<name>.py`` imported as its command line runs it (its siblings ``_record``,
+    ``_timing``... importable), for a module-scoped fixture to ``yield from``."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
 
 # The runs here train in this process, so they get what the `qtrain` command sets up for
 # its own process (qtrain.cli.main): huge pages for torch's CPU allocator. Torch reads

@@ -4,24 +4,17 @@ without each child's first step, and the comparison with FP32 only where FP32 fi
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import bench_script
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 GIB = 2**30
 
 
 @pytest.fixture(scope="module")
 def capacity() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("exact_capacity")
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from bench_script("exact_capacity")
 
 
 def child(outcome: str, peak_gib: float, steps: list[float] | None) -> dict[str, Any]:

@@ -4,24 +4,17 @@ ratios against one variant; bad names are refused in one line (the times are the
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def epoch() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("epoch")
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from bench_script("epoch")
 
 
 def test_bit_count_variants_against_a_baseline(

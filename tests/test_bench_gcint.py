@@ -3,24 +3,17 @@ gcint's int8 saved tensors are smaller than FP32's (the times are the bench's to
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def gcint() -> Any:
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("gcint")
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from bench_script("gcint")
 
 
 def test_every_variant_runs_side_by_side(

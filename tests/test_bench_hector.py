@@ -6,22 +6,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def hector() -> Any:
-    sys.path.insert(0, str(BENCH))  # the scripts import their sibling _record and _timing
-    try:
-        yield importlib.import_module("hector")
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from bench_script("hector")
 
 
 def test_a_small_run_records_every_variant(hector: Any, tmp_path: Path) -> None:

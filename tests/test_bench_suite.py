@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from conftest import BENCH, bench_script
 
 
 @pytest.fixture(scope="module")
 def suite() -> Any:
-    sys.path.insert(0, str(BENCH))  # the scripts import their sibling _record
-    try:
-        yield importlib.import_module("suite")
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from bench_script("suite")
 
 
 # trimmed copies of what each script writes with --json
