@@ -322,7 +322,8 @@ def calibrate(
         float | None,
         typer.Option(
             "--target",
-            help="Error_X target (default: the calibrating plugin's own, e.g. tango's error_x_target).",
+            help="target of the measure the plugin picks by (default: the plugin's own, e.g. "
+            "tango's gradient_target or error_x_target, by its criterion).",
             show_default=False,
         ),
     ] = None,
@@ -330,8 +331,9 @@ def calibrate(
     as_json: JsonFlag = False,
     debug: DebugFlag = False,
 ) -> None:
-    """Pick a bit count before training: the recipe's calibrating plugin (tango: Error_X of
-    the first GNN layer's output at 2..8 bits) measures each candidate."""
+    """Pick a bit count before training: the recipe's calibrating plugin measures each
+    candidate (tango, at 2..8 bits: Error_X of the first GNN layer's output and the
+    error of one training step's gradients)."""
 
     def action() -> Any:
         from qtrain._io import stdout_to_stderr
@@ -345,31 +347,39 @@ def calibrate(
 
     result = guarded(action, debug)
     if as_json:
-        _print_json(
-            {
-                "bits": result.bits,
-                "error_x": {str(b): e for b, e in sorted(result.error_x.items())},
-                "target": result.target,
-            }
-        )
+        _print_json(result.to_json())
         return
+    by_gradient = result.criterion == "gradient"
+    measure = "gradient error" if by_gradient else "Error_X"
     table = Table(title=f"Error_X of the first GNN layer's output {tuple(result.shape)}")
+    if result.gradient_error:
+        table.title = "Error_X of the first GNN layer's output, gradient error of one step"
     table.add_column("bits", justify="right")
     table.add_column("Error_X", justify="right")
+    if result.gradient_error:
+        table.add_column("gradient error", justify="right")
     table.add_column("")
+    chosen_on = result.gradient_error if by_gradient else result.error_x
     for bits, value in sorted(result.error_x.items()):
-        mark = "chosen" if bits == result.bits else ("<= target" if value <= result.target else "")
-        table.add_row(str(bits), f"{value:.4f}", mark)
+        row = [str(bits), f"{value:.4f}"]
+        if result.gradient_error:
+            row.append(f"{result.gradient_error[bits]:.4f}")
+        mark = (
+            "chosen"
+            if bits == result.bits
+            else ("<= target" if chosen_on[bits] <= result.target else "")
+        )
+        table.add_row(*row, mark)
     out.print(table)
     if result.met:
         out.print(
-            f"bits = {result.bits}: the smallest count with Error_X <= {result.target}",
+            f"bits = {result.bits}: the smallest count with {measure} <= {result.target}",
             highlight=False,
         )
     else:
         out.print(
-            f"bits = 8: no count reaches Error_X <= {result.target} "
-            f"(8 bits gives {result.error_x[8]:.4f})",
+            f"bits = 8: no count reaches {measure} <= {result.target} "
+            f"(8 bits gives {chosen_on[8]:.4f})",
             highlight=False,
         )
 

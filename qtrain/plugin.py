@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.util
+import math
 import sys
 import threading
 import warnings
@@ -348,25 +349,37 @@ class Patcher:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What a plugin's calibration measured (``qtrain calibrate``, ``bits = "auto"``): an
-    error per candidate bit count (Error_X, tango-sc23 eq. 4) and the count chosen."""
+    """What a plugin's calibration measured (``qtrain calibrate``, ``bits = "auto"``): per
+    candidate bit count, Error_X of the first layer's output (tango-sc23 eq. 4) and, where
+    measured, the relative error of one step's parameter gradients; which of the two
+    ``criterion`` chose by, and the count chosen."""
 
     bits: int
     error_x: dict[int, float]
-    target: float
+    target: float  # of the criterion's measure
     met: bool  # False when even 8 bits is above the target (8 is then used)
     layer: str = "layers.0"
     shape: tuple[int, ...] = field(default=())
+    gradient_error: dict[int, float] = field(default_factory=dict)
+    criterion: str = "error_x"  # "error_x" or "gradient"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "bits": self.bits,
-            "error_x": {str(b): e for b, e in sorted(self.error_x.items())},
+            "criterion": self.criterion,
+            "error_x": _by_bits(self.error_x),
+            "gradient_error": _by_bits(self.gradient_error),
             "target": self.target,
             "target_met": self.met,
             "layer": self.layer,
             "shape": list(self.shape),
         }
+
+
+def _by_bits(errors: dict[int, float]) -> dict[str, float | None]:
+    """A table keyed by bit count as JSON holds it; a non-finite error (a step whose
+    gradient overflowed) is null, never the invalid JSON ``Infinity``."""
+    return {str(b): e if math.isfinite(e) else None for b, e in sorted(errors.items())}
 
 
 class Plugin:
@@ -413,9 +426,11 @@ class Plugin:
         seed: int,
         device: torch.device,
         target: float | None = None,
+        metric: str = "accuracy",
     ) -> Calibration:
         """Choose this plugin's bit count on ``model`` over ``graph`` before training
-        (``qtrain calibrate``); ``target`` overrides the config's. Optional."""
+        (``qtrain calibrate``); ``target`` overrides the config's; ``metric`` is the
+        dataset's (it names the loss a run trains with). Optional."""
         raise NotImplementedError(f"plugin {cls.name!r} does not calibrate")
 
     @classmethod

@@ -76,7 +76,13 @@ def calibrate_recipe(recipe: Recipe, target: float | None = None) -> Calibration
     ``qtrain.plugin.calibrator``) picks its bit count on the model and graph a run of
     ``recipe`` starts with; ``target`` overrides its config's."""
     plugin, config = calibrator(recipe.quant)
-    with prepared(recipe) as (_dataset, graph, model, device):
+    with prepared(recipe) as (dataset, graph, model, device):
         return plugin.calibrate(
-            config, model, graph, seed=recipe.train.seed, device=device, target=target
+            config,
+            model,
+            graph,
+            seed=recipe.train.seed,
+            device=device,
+            target=target,
+            metric=dataset.metric,
         )

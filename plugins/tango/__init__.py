@@ -19,8 +19,9 @@ in and trains with the chosen count.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +29,12 @@ import torch
 import torch.nn.functional as F
 from qtrain.plugins.tango import payoff
 from qtrain.plugins.tango.cache import QuantCache
-from qtrain.plugins.tango.calibrate import DEFAULT_TARGET, calibrate_model
+from qtrain.plugins.tango.calibrate import (
+    DEFAULT_GRADIENT_TARGET,
+    DEFAULT_TARGET,
+    Criterion,
+    calibrate_model,
+)
 from qtrain.plugins.tango.dropout import FusedDropout
 from qtrain.plugins.tango.functions import (
     QuantEdgeToNode,
@@ -57,12 +63,14 @@ from qtrain.plugin import (
     DENSE_FUNCTIONS,
     Calibration,
     Patcher,
+    PatchSession,
     Plugin,
     PluginContext,
     dense_operands,
     float32_on,
     register_plugin,
 )
+from qtrain.recipe import QuantSection
 
 FP32 = "fp32"
 # NaN / Inf cannot be quantized: such a primitive runs in float32, so a diverged step shows
@@ -78,7 +86,8 @@ _DEVICES = ("cpu", "cuda")
 class TangoConfig:
     bits: int | Literal["auto"] = option(
         8,
-        'bit count of the quantized primitives, 2..8, or "auto" (chosen by Error_X)',
+        'bit count of the quantized primitives, 2..8, or "auto" (chosen before training by '
+        "calibration's criterion)",
         min=2,
         max=8,
     )
@@ -136,8 +145,23 @@ class TangoConfig:
         "its masks; torch's (nn.Dropout, DGL's feat_drop / attn_drop) draws them from "
         "qtrain's counter-based generator instead of torch's",
     )
+    criterion: Criterion = option(
+        "gradient",
+        'what bits = "auto" picks by: the relative error of one training step\'s parameter '
+        "gradients in the configuration that will run (gradient) or Error_X of the first "
+        "layer's output (error_x, tango eq. 4); the smallest count at or under its target",
+    )
+    gradient_target: float = option(
+        DEFAULT_GRADIENT_TARGET,
+        'gradient-error target for bits = "auto" with criterion = "gradient"',
+        min=1e-6,
+        max=10.0,
+    )
     error_x_target: float = option(
-        DEFAULT_TARGET, 'Error_X target for bits = "auto" (tango eq. 4)', min=1e-6, max=10.0
+        DEFAULT_TARGET,
+        'Error_X target for bits = "auto" with criterion = "error_x" (tango eq. 4)',
+        min=1e-6,
+        max=10.0,
     )
     backend: Literal["auto", "reference", "ext-cpu"] = option(
         "auto", "kernels to run: the compiled extension when built (auto), or the reference"
@@ -290,7 +314,12 @@ class TangoPlugin(Plugin):
                 "pass an integer bit count to qtrain.patch"
             )
         return self.calibrate(
-            self.config, model, dataset.graph, seed=self.context.seed, device=self.context.device
+            self.config,
+            model,
+            dataset.graph,
+            seed=self.context.seed,
+            device=self.context.device,
+            metric=dataset.metric,
         )
 
     @classmethod
@@ -303,13 +332,33 @@ class TangoPlugin(Plugin):
         seed: int,
         device: torch.device,
         target: float | None = None,
+        metric: str = "accuracy",
     ) -> Calibration:
-        """Error_X of the first GNN layer's output at 2..8 bits; the smallest count at or
-        under the target (tango-sc23 eq. 4)."""
+        """At 2..8 bits: Error_X of the first GNN layer's output (tango-sc23 eq. 4) and the
+        gradient error of one step of this configuration; the smallest count at or under
+        the target of ``config.criterion``'s measure."""
+        if target is None:
+            target = (
+                config.gradient_target if config.criterion == "gradient" else config.error_x_target
+            )
+
+        @contextlib.contextmanager
+        def quantized_at(bits: int) -> Iterator[None]:
+            """This configuration at ``bits``, patched in for one step."""
+            session = PatchSession(
+                QuantSection(("tango",), {"tango": dataclasses.replace(config, bits=bits)}),
+                PluginContext(seed=seed, device=device, model=model),
+            )
+            with session:
+                yield
+
         return calibrate_model(
             model,
             graph,
-            target=config.error_x_target if target is None else target,
+            criterion=config.criterion,
+            target=target,
+            quantized_at=quantized_at,
+            metric=metric,
             rounding=config.rounding,
             scales=config.scales,
             rotation=config.rotation,

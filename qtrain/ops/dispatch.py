@@ -66,6 +66,19 @@ class KernelCounter:
             self._counts.clear()
             self._fallbacks.clear()
 
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Calls made inside are not the run's (a calibration's trial steps before
+        training): the counts and fallbacks are put back as they were on the way out."""
+        with self._lock:
+            counts = {p: dict(per) for p, per in self._counts.items()}
+            fallbacks = dict(self._fallbacks)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._counts, self._fallbacks = counts, fallbacks
+
 
 COUNTER = KernelCounter()
 

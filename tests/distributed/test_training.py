@@ -461,6 +461,24 @@ def test_tango_runs_its_quantized_kernels_on_every_worker(recipe: Path) -> None:
     assert two["final_loss"] == pytest.approx(single["final_loss"], rel=0.02)
 
 
+def test_auto_bits_calibrate_on_the_whole_graph_on_every_worker(recipe: Path) -> None:
+    """Each worker holds the whole graph and the same model: its calibration step is the
+    single process's, so the workers train at the count one process would pick."""
+    require_ext()
+    auto = (
+        'quant.plugin=["tango"]',
+        "quant.tango.fp32_when_small=false",
+        'quant.tango.bits="auto"',
+    )
+    single = _summary(_qtrain(recipe, *auto))["plugin_reports"]["tango"]
+    two = _summary(_qtrain(recipe, *auto, "distributed.world_size=2"))["plugin_reports"]["tango"]
+    for measure in ("error_x", "gradient_error"):  # float sums in another order per worker
+        assert two["calibration"][measure] == pytest.approx(
+            single["calibration"][measure], rel=1e-3
+        )
+    assert two["bits"] == single["bits"] == single["calibration"]["bits"] < 8
+
+
 def test_adaptive_bits_are_assigned_by_rank_0_and_reported(recipe: Path) -> None:
     require_ext()
     done = _qtrain(

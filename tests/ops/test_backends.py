@@ -208,6 +208,22 @@ def test_counter_snapshot_is_a_copy() -> None:
     assert c.snapshot() == {} and c.fallbacks == []
 
 
+def test_calls_set_aside_are_not_counted_even_when_they_raise() -> None:
+    c = dispatch.KernelCounter()
+    c.record("gemm", "ext-cpu", 2)
+    with c.set_aside():
+        c.record("gemm", "ext-cpu", 5)
+        c.record("spmm", "reference")
+        c.record_fallback("no extension")
+        assert c.snapshot() == {"gemm": {"ext-cpu": 7}, "spmm": {"reference": 1}}
+    assert c.snapshot() == {"gemm": {"ext-cpu": 2}} and c.fallbacks == []
+    with pytest.raises(RuntimeError, match="trial"), c.set_aside():
+        c.record("gemm", "ext-cpu")
+        raise RuntimeError("trial step failed")
+    c.record("gemm", "ext-cpu")
+    assert c.snapshot() == {"gemm": {"ext-cpu": 3}}
+
+
 def test_ops_package_exports() -> None:
     import qtrain.ops as ops
 

@@ -604,7 +604,7 @@ def test_fp32_before_softmax_off_quantizes_the_output_layer(
 
 
 def test_auto_bits_records_the_calibration(tango_recipe: Callable[..., Path]) -> None:
-    summary = _run(tango_recipe('bits = "auto"\nerror_x_target = 0.5'))
+    summary = _run(tango_recipe('bits = "auto"\ncriterion = "error_x"\nerror_x_target = 0.5'))
     report = summary["plugin_reports"]["tango"]
     cal = report["calibration"]
     errors = {int(b): e for b, e in cal["error_x"].items()}
@@ -647,13 +647,14 @@ def test_calibrate_cli_json(tango_recipe: Callable[..., Path]) -> None:
         check=True,
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(result) == {"bits", "error_x", "target"}
+    assert {"bits", "criterion", "error_x", "gradient_error", "target"} <= set(result)
     assert set(result["error_x"]) == {str(b) for b in range(2, 9)}
-    assert result["target"] == 0.4
+    assert set(result["gradient_error"]) == {str(b) for b in range(2, 9)}
+    assert result["target"] == 0.4 and result["criterion"] == "gradient"
     chosen = result["bits"]
-    assert result["error_x"][str(chosen)] <= 0.4 or chosen == 8
+    assert result["gradient_error"][str(chosen)] <= 0.4 or chosen == 8
     if chosen > 2:
-        assert result["error_x"][str(chosen - 1)] > 0.4
+        assert result["gradient_error"][str(chosen - 1)] > 0.4
 
 
 # ------------------------------------------------------------------ fused dropout

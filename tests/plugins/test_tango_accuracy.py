@@ -1,4 +1,5 @@
-"""Accuracy bar: 8-bit tango, and ``bits = "auto"``, within 1.0 point of FP32.
+"""Accuracy bar: 8-bit tango, and ``bits = "auto"``, within 1.0 point of FP32; ``"auto"``
+picks 5 bits or fewer on average over the six recipes and seeds.
 
 Mean test accuracy (at the best validation epoch) over seeds 0, 1, 2 with the
 example recipes exactly as shipped, on the real Planetoid splits; the FP32
@@ -12,6 +13,8 @@ import pytest
 from conftest import SEEDS, ExampleRuns, needs_planetoid
 
 TOLERANCE = 1.0  # points
+AUTO_MEAN_BITS = 5.0  # issue 32: "auto" picks 5 bits or fewer on average
+EXAMPLES = ("cora-gcn", "cora-gat", "cora-sage", "citeseer-gcn", "citeseer-gat", "citeseer-sage")
 VARIANTS = {
     "tango-8": ['quant.plugin=["tango"]', "quant.tango.bits=8"],
     "tango-auto": ['quant.plugin=["tango"]', 'quant.tango.bits="auto"'],
@@ -20,10 +23,7 @@ VARIANTS = {
 pytestmark = [pytest.mark.slow, needs_planetoid]
 
 
-@pytest.mark.parametrize(
-    "example",
-    ["cora-gcn", "cora-gat", "cora-sage", "citeseer-gcn", "citeseer-gat", "citeseer-sage"],
-)
+@pytest.mark.parametrize("example", EXAMPLES)
 def test_tango_within_one_point_of_fp32(example: str, example_runs: ExampleRuns) -> None:
     fp32 = example_runs.mean(example, [])
     print(f"{example} fp32: {fp32:.2f}")
@@ -47,3 +47,26 @@ def test_tango_within_one_point_of_fp32(example: str, example_runs: ExampleRuns)
             f"{example}: {name} mean {mean:.2f} is {gap:.2f} points below "
             f"FP32 {fp32:.2f} (seeds {SEEDS})"
         )
+
+
+def test_auto_picks_five_bits_or_fewer_on_average(example_runs: ExampleRuns) -> None:
+    """What each run's calibration chose (the runs the test above made), and that the
+    chosen count is the smallest whose step gradient error met the target."""
+    picks = []
+    for example in EXAMPLES:
+        for summary in example_runs.summaries(example, VARIANTS["tango-auto"]):
+            report = summary["plugin_reports"]["tango"]
+            calibration = report["calibration"]
+            errors = {int(b): e for b, e in calibration["gradient_error"].items()}
+            assert calibration["criterion"] == "gradient"
+            assert report["bits"] == calibration["bits"]
+            met = [
+                b
+                for b in sorted(errors)
+                if errors[b] is not None and errors[b] <= calibration["target"]
+            ]
+            assert report["bits"] == (met[0] if met else 8), (example, errors)
+            picks.append(report["bits"])
+    mean = sum(picks) / len(picks)
+    print(f"auto: bits {picks}, mean {mean:.2f}")
+    assert mean <= AUTO_MEAN_BITS, f"auto picked {mean:.2f} bits on average: {picks}"
