@@ -351,9 +351,10 @@ def calibrate(
         return
     by_gradient = result.criterion == "gradient"
     measure = "gradient error" if by_gradient else "Error_X"
-    table = Table(title=f"Error_X of the first GNN layer's output {tuple(result.shape)}")
+    title = f"Error_X of the first GNN layer's output {tuple(result.shape)}"
     if result.gradient_error:
-        table.title = "Error_X of the first GNN layer's output, gradient error of one step"
+        title += ", gradient error of one step"
+    table = Table(title=title)
     table.add_column("bits", justify="right")
     table.add_column("Error_X", justify="right")
     if result.gradient_error:

@@ -76,19 +76,21 @@ def error_x_by_bits(
     return table
 
 
-def _step_gradient(model: Any, graph: Any, feat: torch.Tensor, metric: str) -> torch.Tensor:
-    """All parameter gradients of one full-graph step on the training nodes, flattened;
-    dropout off (eval mode), so two calls differ only by what the primitives compute."""
-    label = graph.ndata[LABEL].to(feat.device)
-    train = graph.ndata[TRAIN_MASK].to(feat.device).bool()
-    params = [p for p in model.parameters() if p.requires_grad]
+def _step_gradient(
+    model: Any,
+    graph: Any,
+    feat: torch.Tensor,
+    loss: Callable[[torch.Tensor], torch.Tensor],
+    params: list[torch.Tensor],
+) -> torch.Tensor:
+    """``params``' gradients of one full-graph step of ``loss`` (of the logits), flattened;
+    the gradients they held before are put back."""
     grads = [p.grad for p in params]
     for p in params:
         p.grad = None
     try:
         with _preserved_rng(), torch.enable_grad():
-            logits = model(graph, feat)
-            loss_function(metric)(logits[train], label[train]).backward()
+            loss(model(graph, feat)).backward()
         return torch.cat(
             [
                 (p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten()
@@ -108,19 +110,27 @@ def gradient_error_by_bits(
     device: torch.device | None = None,
 ) -> dict[int, float]:
     """``|g_b - g_fp32| / |g_fp32|`` of one step's parameter gradients at each count
-    2..8, each step run inside ``quantized_at(b)`` (the run's configuration at b bits).
+    2..8, each step run inside ``quantized_at(b)`` (the run's configuration at b bits),
+    dropout off (eval mode) so that the steps differ only by what the primitives compute.
     A count whose gradient is not finite reads infinity (never chosen)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise QtrainError("calibration needs a model with trainable parameters")
     device = device or params[0].device
-    if not graph.ndata[TRAIN_MASK].bool().any():
+    train = graph.ndata[TRAIN_MASK].to(device).bool()
+    if not train.any():
         raise QtrainError("calibration needs training nodes (the train mask selects none)")
     feat = graph.ndata[FEAT].to(device)
+    label = graph.ndata[LABEL].to(device)[train]
+    criterion = loss_function(metric)
+
+    def loss(logits: torch.Tensor) -> torch.Tensor:
+        return criterion(logits[train], label)
+
     was_training = model.training
     model.eval()
     try:
-        reference = _step_gradient(model, graph, feat, metric)
+        reference = _step_gradient(model, graph, feat, loss, params)
         if not torch.isfinite(reference).all():
             raise QtrainError(
                 "calibration: the float32 step's gradient is not finite; "
@@ -130,7 +140,7 @@ def gradient_error_by_bits(
         table: dict[int, float] = {}
         for bits in range(MIN_BITS, MAX_BITS + 1):
             with quantized_at(bits):
-                grad = _step_gradient(model, graph, feat, metric)
+                grad = _step_gradient(model, graph, feat, loss, params)
             if not torch.isfinite(grad).all():
                 table[bits] = math.inf
             elif norm == 0.0:  # nothing to learn from this step: any error is relative to 0
