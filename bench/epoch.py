@@ -16,6 +16,7 @@ against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
     python bench/epoch.py --threads 2 --models cora-gcn cora-gat cora-sage citeseer-gcn \
         citeseer-gat citeseer-sage   # Planetoid from ../shared/datasets or --planetoid-root
     python bench/epoch.py --variants fp32 tango-tensor tango-row --bits 4   # scales per tensor / row
+    python bench/epoch.py --variants fp32 tango-row tango-block --bits 4   # per row / node blocks
     python bench/epoch.py --variants tango-8 tango-4 tango-4-int8 tango-2 --baseline tango-8
 
 ``tango-B`` is tango at B bits whatever ``--bits`` says, ``tango-B-int8`` the same with
@@ -63,7 +64,7 @@ MODELS = {
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 
 
-NAMED_VARIANTS = ["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row"]
+NAMED_VARIANTS = ["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row", "tango-block"]
 # tango at a bit count of its own, optionally with its operands kept int8 (not packed)
 BITS_VARIANT = re.compile(r"tango-([2-8])(-int8)?")
 
@@ -82,7 +83,7 @@ def _session(name: str, model: Any, bits: int, seed: int) -> Any:
     if name == "bf16-autocast":
         return "bf16"
     tango: dict[str, Any] = {"bits": bits}  # "tango": the plugin's default scales
-    if name in ("tango-tensor", "tango-row"):
+    if name in ("tango-tensor", "tango-row", "tango-block"):
         tango["scales"] = name.removeprefix("tango-")
     own_bits = BITS_VARIANT.fullmatch(name)
     if own_bits:

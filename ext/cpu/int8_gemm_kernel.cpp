@@ -61,6 +61,7 @@
 #include <omp.h>
 #endif
 
+#include "common/block_gemm.h"
 #include "cpu/gemm.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
@@ -796,6 +797,160 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
            p.out, p.out32, p.N);
 }
 
+// ---------------------------------------------------------------- block scales (int8_block_gemm)
+
+// cf[m * ld + n] = fl32(cf + fl32(float(c32[m * ld + n]) * fl32(sa[m] * sb[n]))) for m < M,
+// n < N: one block's term of int8_block_gemm, in the ISA variant so the row loop vectorizes.
+QT_ALWAYS_INLINE void block_term_body(const int32_t* __restrict c32, float* __restrict cf,
+                                      const float* __restrict sa, const float* __restrict sb,
+                                      int64_t M, int64_t N, int64_t ld) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float fa = sa[m];
+    const int32_t* cr = c32 + m * ld;
+    float* fr = cf + m * ld;
+    for (int64_t n = 0; n < N; ++n) fr[n] = fr[n] + static_cast<float>(cr[n]) * (fa * sb[n]);
+  }
+}
+
+using BlockTermFn = void (*)(const int32_t*, float*, const float*, const float*, int64_t,
+                             int64_t, int64_t);
+void block_term_default(const int32_t* c32, float* cf, const float* sa, const float* sb,
+                        int64_t M, int64_t N, int64_t ld) {
+  block_term_body(c32, cf, sa, sb, M, N, ld);
+}
+#if QT_X86_DISPATCH
+QT_TARGET_AVX2 void block_term_avx2(const int32_t* c32, float* cf, const float* sa,
+                                    const float* sb, int64_t M, int64_t N, int64_t ld) {
+  block_term_body(c32, cf, sa, sb, M, N, ld);
+}
+QT_TARGET_AVX512 void block_term_avx512(const int32_t* c32, float* cf, const float* sa,
+                                        const float* sb, int64_t M, int64_t N, int64_t ld) {
+  block_term_body(c32, cf, sa, sb, M, N, ld);
+}
+#endif
+
+// "tn" with one scale per block of `block` k for every column of A and of B:
+//   C = sum over groups g, in order, of (sum over the group's blocks b, in order, of
+//       fl32(float(acc_b[m, n]) * fl32(sa[b, m] * sb[b, n])))
+// with acc_b the exact int32 sum over the block's k, and the blocks cut into
+// block_gemm_groups() contiguous groups (common/block_gemm.h: a function of the shape only).
+// Threads take whole groups: each packs a block's rows of A and B (as the split-K path packs
+// its chunks), runs the int32-store tiles into its [Mr, Np] buffer and adds the block's term
+// into the group's float32 partial; the partials are added in group order at the end. Every
+// float32 operation is the reference's, in its order: bit-identical for any thread count and
+// ISA.
+template <class F>
+void gemm_tn_blocks(const Problem& p, int64_t block, const float* sa, const float* sb) {
+  int64_t a_sm, a_sk, b_sk, b_sn;
+  strides(p, a_sm, a_sk, b_sk, b_sn);
+  const int64_t Mr = round_up(p.M, kMR);
+  const int64_t panels = (p.N + F::kNR - 1) / F::kNR;
+  const int64_t Np = panels * F::kNR;
+  const int64_t blocks = (p.K + block - 1) / block;
+  const int64_t groups = block_gemm_groups(blocks, p.M, p.N);
+  const int64_t bp4 = round_up(block, 4);
+  const int nt = team_size(groups, static_cast<double>(p.M) * static_cast<double>(p.N) *
+                                       static_cast<double>(p.K));
+#if QT_X86_DISPATCH
+  const BlockTermFn term =
+      isa::select<BlockTermFn>(block_term_default, block_term_avx2, block_term_avx512);
+#else
+  const BlockTermFn term = block_term_default;
+#endif
+  struct BlockScratch {
+    Scratch packed;
+    std::vector<int32_t> c32, corr;
+  };
+  // allocated (and zeroed) here: nothing may throw inside the parallel region, and a group
+  // no thread reaches would stay zero (OpenMP may start fewer threads than asked)
+  std::vector<float> partial(static_cast<size_t>(groups * Mr * Np), 0.0f);
+  std::vector<BlockScratch> scratch(static_cast<size_t>(nt));
+  for (BlockScratch& sc : scratch) {
+    sc.c32.assign(static_cast<size_t>(Mr * Np), 0);
+    sc.corr.assign(static_cast<size_t>(Np), 0);
+    sc.packed.cs.assign(static_cast<size_t>(F::kNR), 0);
+    if constexpr (F::kBytes) {
+      sc.packed.a8.resize(static_cast<size_t>(bp4 * Mr));
+      sc.packed.b8.resize(static_cast<size_t>(bp4 * Np));
+    } else {
+      sc.packed.a16.resize(static_cast<size_t>(bp4 * Mr));
+      sc.packed.b16.resize(static_cast<size_t>(bp4 * Np));
+    }
+  }
+  run_team(nt, [&](int t, int T) {
+    BlockScratch& sc = scratch[static_cast<size_t>(t)];
+    std::vector<int8_t>&a8 = sc.packed.a8, &b8 = sc.packed.b8;
+    std::vector<int16_t>&a16 = sc.packed.a16, &b16 = sc.packed.b16;
+    for (int64_t g = t; g < groups; g += T) {
+      float* cf = partial.data() + g * Mr * Np;
+      for (int64_t blk = blocks * g / groups; blk < blocks * (g + 1) / groups; ++blk) {
+        const int64_t k0 = blk * block;
+        const int64_t kc = std::min(block, p.K - k0);
+        const int64_t kcp = round_up(kc, 4);
+        const int8_t* asrc = p.a + k0 * a_sk;
+        const int8_t* bsrc = p.b + k0 * b_sk;
+        if constexpr (F::kBytes) {
+          pack_bytes(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a8.data());
+        } else {
+          pack_pairs16(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a16.data());
+        }
+        for (int64_t q = 0; q < panels; ++q) {
+          const int64_t n0 = q * F::kNR;
+          const int nc = static_cast<int>(std::min<int64_t>(F::kNR, p.N - n0));
+          const int nv = (nc + F::kLanes - 1) / F::kLanes;
+          TileArgs ta{};
+          ta.steps = kcp / F::kKStep;
+          ta.ldc = Np;
+          ta.ncols = nc;
+          ta.scale = 1.0f;
+          if constexpr (F::kBytes) {
+            int8_t* bp = b8.data() + q * kcp * F::kNR;
+            pack_bytes(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+#if QT_X86_DISPATCH
+            std::fill(sc.packed.cs.begin(), sc.packed.cs.end(), 0);
+            colsum_vnni(bp, kcp / 4, sc.packed.cs.data());
+            for (int c = 0; c < F::kNR; ++c) {  // mod 2^32, as the tiles' int32 sums wrap
+              sc.corr[n0 + c] =
+                  static_cast<int32_t>(static_cast<uint32_t>(128 * sc.packed.cs[c]));
+            }
+#endif
+            ta.b = bp;
+            ta.ars = 4;
+            ta.aks = 4 * Mr;
+          } else {
+            int16_t* bp = b16.data() + q * kcp * F::kNR;
+            pack_pairs16(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+            ta.b = bp;
+            ta.ars = 1;
+            ta.aks = Mr;
+          }
+          ta.corr = sc.corr.data() + n0;
+          for (int64_t m0 = 0; m0 < p.M; m0 += kMR) {
+            const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
+            if constexpr (F::kBytes) {
+              ta.a = a8.data() + 4 * m0;
+            } else {
+              ta.a = a16.data() + 2 * m0;
+            }
+            ta.c32 = sc.c32.data() + m0 * Np + n0;
+            pick<F, false>(rows, nv)(ta);
+          }
+        }
+        term(sc.c32.data(), cf, sa + blk * p.M, sb + blk * p.N, p.M, p.N, Np);
+      }
+    }
+  });
+  for (int64_t m = 0; m < p.M; ++m) {
+    for (int64_t n = 0; n < p.N; ++n) {
+      float v = partial[static_cast<size_t>(m * Np + n)];
+      for (int64_t g = 1; g < groups; ++g) {
+        v = v + partial[static_cast<size_t>((g * Mr + m) * Np + n)];
+      }
+      p.out[m * p.N + n] = v;
+    }
+  }
+}
+
 // "tn" strategy: QTRAIN_GEMM_TN=split|rows forces one (tests and benchmarks), else auto.
 int tn_strategy() {
   const char* env = std::getenv("QTRAIN_GEMM_TN");
@@ -897,6 +1052,39 @@ void int8_gemm_int32_out(const at::Tensor& qa_in, const at::Tensor& qb_in,
   run_problem(p);
 }
 
+at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
+                           const at::Tensor& scale_a_in, const at::Tensor& scale_b_in,
+                           int64_t block) {
+  const at::Tensor qa = qa_in.contiguous();
+  const at::Tensor qb = qb_in.contiguous();
+  const at::Tensor sa = scale_a_in.contiguous();
+  const at::Tensor sb = scale_b_in.contiguous();
+  Problem p = problem_of(qa, qb, "tn");
+  at::Tensor out = at::empty({p.M, p.N}, qa.options().dtype(at::kFloat));
+  if (p.M == 0 || p.N == 0) return out;
+  if (p.K == 0) return out.zero_();
+  p.out = out.mutable_data_ptr<float>();
+  const float* a = sa.const_data_ptr<float>();
+  const float* b = sb.const_data_ptr<float>();
+#if QT_X86_DISPATCH
+  switch (isa::variant()) {
+    case isa::kAvx512Vnni:
+      gemm_tn_blocks<Vnni>(p, block, a, b);
+      return out;
+    case isa::kAvx512:
+      gemm_tn_blocks<Avx512>(p, block, a, b);
+      return out;
+    case isa::kAvx2:
+      gemm_tn_blocks<Avx2>(p, block, a, b);
+      return out;
+    default:
+      break;
+  }
+#endif
+  gemm_tn_blocks<Portable>(p, block, a, b);
+  return out;
+}
+
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
                      c10::string_view layout, const std::optional<at::Tensor>& bias,
                      const std::optional<at::Tensor>& row_scale,
@@ -913,4 +1101,7 @@ at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
 }  // namespace cpu
 }  // namespace qtrain
 
-TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("int8_gemm", &qtrain::cpu::int8_gemm); }
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) {
+  m.impl("int8_gemm", &qtrain::cpu::int8_gemm);
+  m.impl("int8_block_gemm", &qtrain::cpu::int8_block_gemm);
+}

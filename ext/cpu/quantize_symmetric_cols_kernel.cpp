@@ -22,6 +22,7 @@
 //      cpu::scale_params (cpu/quantize_bodies.h), as quantize_symmetric does;
 //   2. each thread quantizes its rows elementwise with the per-column pre / inv, loaded as
 //      vectors alongside the row.
+// block > 0 (one scale per block of rows of each column): quantize_col_blocks below.
 // Every element depends only on its value, its column's absmax and its counter, so the
 // result is the same for any thread count and ISA variant. The loop bodies are
 // cpu/quantize_bodies.h's *_cols ones; one call per chunk of rows runs them inside the ISA
@@ -129,10 +130,87 @@ const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 // ---------------------------------------------------------------- op
 
+// Per-column pre / inv / scale of one absmax vector (bit patterns): quantize_symmetric's rule,
+// inv = 0 for a column of zeros.
+void column_params(const uint32_t* m, int64_t cols, int32_t qmax, float* scale, float* pre,
+                   float* inv) {
+  const float qf = static_cast<float>(qmax);
+  for (int64_t j = 0; j < cols; ++j) {
+    float absmax;
+    std::memcpy(&absmax, m + j, sizeof absmax);
+    scale[j] = absmax / qf;
+    if (m[j] == 0u) {
+      pre[j] = 1.0f;
+      inv[j] = 0.0f;
+    } else {
+      const cpu::ScaleParams sc = cpu::scale_params(absmax, qmax);
+      pre[j] = sc.pre;
+      inv[j] = sc.inv;
+    }
+  }
+}
+
+// block > 0: the blocks of rows split across threads, each block reduced and quantized in
+// turn while its rows are in cache (every element still depends only on its value, its
+// block's absmax and its counter: any thread count, any ISA, the same result).
+std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int64_t bits,
+                                                       bool stochastic, int64_t seed,
+                                                       int64_t offset, int64_t block) {
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  const int64_t n = rows * cols;
+  const int64_t blocks = (rows + block - 1) / block;
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor scale = at::zeros({blocks, cols}, x.options());
+  if (n == 0) return {q, scale};
+  const float* xp = x.const_data_ptr<float>();
+  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  float* sp = scale.mutable_data_ptr<float>();
+  const Kernels& k = kernels();
+  const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), blocks));
+  const auto ucols = static_cast<size_t>(cols);
+  const int32_t qmax = (1 << (bits - 1)) - 1;
+  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
+  const auto off = static_cast<uint64_t>(offset);
+  const QuantizeFn body = stochastic ? k.stochastic : k.nearest;
+  // per-thread buffers, allocated here: nothing may throw inside the parallel region
+  std::vector<uint32_t> absmax(static_cast<size_t>(nt) * ucols);
+  std::vector<float> pre(static_cast<size_t>(nt) * ucols), inv(static_cast<size_t>(nt) * ucols);
+  std::vector<char> bad(static_cast<size_t>(nt), 0);
+  advise_huge_pages(qp, static_cast<size_t>(n));
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+#ifdef _OPENMP
+    const int t = omp_get_thread_num(), team = omp_get_num_threads();
+#else
+    const int t = 0, team = 1;
+#endif
+    uint32_t* m = absmax.data() + static_cast<size_t>(t) * ucols;
+    float* pr = pre.data() + static_cast<size_t>(t) * ucols;
+    float* iv = inv.data() + static_cast<size_t>(t) * ucols;
+    for (int64_t b = blocks * t / team; b < blocks * (t + 1) / team && !bad[t]; ++b) {
+      const int64_t r0 = b * block, r1 = std::min(rows, r0 + block);
+      std::fill(m, m + cols, 0u);
+      k.absmax(xp, m, r0, r1, cols);
+      if (*std::max_element(m, m + cols) >= 0x7f800000u) {
+        bad[t] = 1;  // NaN / Inf: refused after the region
+        break;
+      }
+      column_params(m, cols, qmax, sp + b * cols, pr, iv);
+      body(xp, qp, pr, iv, r0, r1, cols, qmax, keys, off);
+    }
+  }
+  TORCH_CHECK_VALUE(std::find(bad.begin(), bad.end(), 1) == bad.end(),
+                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
+                    "finite values");
+  return {q, scale};
+}
+
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_in, int64_t bits,
                                                            bool stochastic, int64_t seed,
-                                                           int64_t offset) {
+                                                           int64_t offset, int64_t block) {
   const at::Tensor x = x_in.contiguous();
+  if (block > 0) return quantize_col_blocks(x, bits, stochastic, seed, offset, block);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const int64_t n = rows * cols;
@@ -172,21 +250,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
 
   // per-column pre / inv / scale: quantize_symmetric's rule (inv = 0 for a column of zeros)
   const int32_t qmax = (1 << (bits - 1)) - 1;
-  const float qf = static_cast<float>(qmax);
   std::vector<float> pre(ucols), inv(ucols);
-  for (size_t j = 0; j < ucols; ++j) {
-    float absmax;
-    std::memcpy(&absmax, m + j, sizeof absmax);
-    sp[j] = absmax / qf;
-    if (m[j] == 0u) {
-      pre[j] = 1.0f;
-      inv[j] = 0.0f;
-    } else {
-      const cpu::ScaleParams sc = cpu::scale_params(absmax, qmax);
-      pre[j] = sc.pre;
-      inv[j] = sc.inv;
-    }
-  }
+  column_params(m, cols, qmax, sp, pre.data(), inv.data());
 
   // pass 2: quantize in x's layout
   advise_huge_pages(qp, static_cast<size_t>(n));

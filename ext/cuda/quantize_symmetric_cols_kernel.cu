@@ -12,6 +12,9 @@
 //      a device flag for a column with NaN / Inf (its pre / inv left at 1 / 0);
 //   3. cols_quantize_kernel: quantize_one of every element with its column's pre / inv, at
 //      counter offset + r * cols + j.
+// block > 0 (one scale per block of rows of each column): one launch, col_blocks_kernel, a
+// CUDA block per (32 columns, block of rows) reducing its rows, deriving the 32 columns'
+// parameters and quantizing the same rows.
 // Each element is a pure function of (x, its column's absmax, its flat index), so the
 // result is bit-identical to the reference for any launch shape. The host reads the flag
 // once after the launches and refuses x (ValueError) as the CPU op does.
@@ -103,11 +106,110 @@ __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
   }
 }
 
+// block > 0: CUDA block (x, y) quantizes columns [32 x, 32 x + 32) of the row blocks
+// y, y + gridDim.y, ...: absmax of each column over the block's rows, its pre / inv / scale
+// (scale[b, j]), then quantize_one of the same rows. NaN / Inf -> *bad.
+template <bool STOCH>
+__global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
+    col_blocks_kernel(const float* __restrict__ x, int8_t* __restrict__ q, int64_t rows,
+                      int64_t cols, int64_t block, int qmax, float* __restrict__ scale,
+                      uint32_t* __restrict__ bad, rng::Keys keys, uint64_t offset) {
+  __shared__ uint32_t part[kRowsPerBlock][kColsPerBlock];
+  __shared__ float pre[kColsPerBlock], inv[kColsPerBlock];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kColsPerBlock + threadIdx.x;
+  const int64_t blocks = (rows + block - 1) / block;
+  for (int64_t b = blockIdx.y; b < blocks; b += gridDim.y) {
+    const int64_t r0 = b * block, r1 = min(rows, r0 + block);
+    uint32_t m = 0;
+    if (j < cols) {
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) {
+        m = max(m, abs_bits(__ldg(x + r * cols + j)));
+      }
+    }
+    part[threadIdx.y][threadIdx.x] = m;
+    __syncthreads();
+    if (threadIdx.y == 0) {
+#pragma unroll
+      for (int y = 1; y < kRowsPerBlock; ++y) m = max(m, part[y][threadIdx.x]);
+      QuantParams p{1.0f, 0.0f, static_cast<float>(qmax)};
+      if (j < cols) {
+        if (m >= 0x7f800000u) {  // NaN / Inf
+          atomicOr(bad, 1u);
+          scale[b * cols + j] = 0.0f;
+        } else {
+          const float absmax = __uint_as_float(m);
+          p = quant_params(absmax, qmax);
+          scale[b * cols + j] = __fdiv_rn(absmax, static_cast<float>(qmax));
+        }
+      }
+      pre[threadIdx.x] = p.pre;
+      inv[threadIdx.x] = p.inv;
+    }
+    __syncthreads();
+    if (j < cols) {
+      QuantParams p;
+      p.pre = pre[threadIdx.x];
+      p.inv = inv[threadIdx.x];
+      p.qmax = static_cast<float>(qmax);
+      for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) {
+        const int64_t i = r * cols + j;
+        float u = 0.0f;
+        if constexpr (STOCH) {
+          const uint64_t c = offset + static_cast<uint64_t>(i);
+          const uint32_t kh = rng::block_key(keys, static_cast<uint32_t>(c >> 32));
+          u = rng::to_unit(rng::bits_lo(keys.k1, kh, static_cast<uint32_t>(c)));
+        }
+        q[i] = static_cast<int8_t>(quantize_one<STOCH>(__ldg(x + i), p, u));
+      }
+    }
+    __syncthreads();  // part / pre / inv are reused by the next row block
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int64_t bits,
+                                                       bool stochastic, int64_t seed,
+                                                       int64_t offset, int64_t block) {
+  const int64_t rows = x.size(0);
+  const int64_t cols = x.size(1);
+  const int64_t blocks = (rows + block - 1) / block;
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor scale = at::zeros({blocks, cols}, x.options());
+  if (rows * cols == 0) return {q, scale};
+  const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
+  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, "qtrain::quantize_symmetric_cols: cols = ",
+                    cols, " is too large for the CUDA kernel");
+  at::Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
+  uint32_t* badp = reinterpret_cast<uint32_t*>(flag.mutable_data_ptr<int32_t>());
+  const int qmax = (1 << (bits - 1)) - 1;
+  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
+  const auto off = static_cast<uint64_t>(offset);
+  cudaStream_t stream = current_stream();
+  const dim3 threads(kColsPerBlock, kRowsPerBlock);
+  const dim3 grid(static_cast<unsigned>(col_blocks),
+                  static_cast<unsigned>(std::min(blocks, kMaxGridY)));
+  const float* xp = x.const_data_ptr<float>();
+  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  float* sp = scale.mutable_data_ptr<float>();
+  if (stochastic) {
+    col_blocks_kernel<true><<<grid, threads, 0, stream>>>(xp, qp, rows, cols, block, qmax, sp,
+                                                           badp, keys, off);
+  } else {
+    col_blocks_kernel<false><<<grid, threads, 0, stream>>>(xp, qp, rows, cols, block, qmax, sp,
+                                                            badp, keys, off);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  TORCH_CHECK_VALUE(read_back(badp, stream) == 0u,
+                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
+                    "finite values");
+  return {q, scale};
+}
+
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_in, int64_t bits,
                                                            bool stochastic, int64_t seed,
-                                                           int64_t offset) {
+                                                           int64_t offset, int64_t block) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
+  if (block > 0) return quantize_col_blocks(x, bits, stochastic, seed, offset, block);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
@@ -131,14 +233,14 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
   TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, "qtrain::quantize_symmetric_cols: cols = ",
                     cols, " is too large for the CUDA kernel");
-  const dim3 block(kColsPerBlock, kRowsPerBlock);
+  const dim3 threads(kColsPerBlock, kRowsPerBlock);
   // enough blocks to fill every SM several times over; grid-stride over the rest
   const int64_t want = static_cast<int64_t>(sm_count()) * 16;
   const int64_t per_col = std::max<int64_t>(1, want / col_blocks);
   const int64_t strips = (rows + kStripRows - 1) / kStripRows;
   const dim3 grid_max(static_cast<unsigned>(col_blocks),
                       static_cast<unsigned>(std::min({strips, per_col, kMaxGridY})));
-  cols_absmax_kernel<<<grid_max, block, 0, stream>>>(xp, rows, cols, colmax);
+  cols_absmax_kernel<<<grid_max, threads, 0, stream>>>(xp, rows, cols, colmax);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   cols_params_kernel<<<grid_for(cols, 256), 256, 0, stream>>>(colmax, cols, qmax, pp, sp, badp);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -147,10 +249,10 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
                     static_cast<unsigned>(std::min({row_groups, per_col, kMaxGridY})));
   if (stochastic) {
     cols_quantize_kernel<true>
-        <<<grid_q, block, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
+        <<<grid_q, threads, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
   } else {
     cols_quantize_kernel<false>
-        <<<grid_q, block, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
+        <<<grid_q, threads, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const uint32_t flag = read_back(badp, stream);

@@ -1,5 +1,5 @@
-// quantize_symmetric_cols: symmetric quantization with one scale per column of a 2-d x,
-// q in x's own layout (no transpose).
+// quantize_symmetric_cols: symmetric quantization with one scale per column of a 2-d x, or
+// per block of `block` rows of each column, q in x's own layout (no transpose).
 // Reference: qtrain/quant/granular.py quantize_cols_symmetric (quantize_tiles with
 // tile (rows, 1)); kernels: cpu/quantize_symmetric_cols_kernel.cpp,
 // cuda/quantize_symmetric_cols_kernel.cu.
@@ -10,6 +10,10 @@
 //   counter stream at (seed, offset + i * cols + j). A column of zeros (and every column
 //   of an x without rows) gets scale 0 and q 0. x must be finite (the kernels refuse
 //   NaN / Inf, which only the data shows).
+//   block > 0: the same rule for every block of rows [b * block, (b + 1) * block) of each
+//   column (counters unchanged: the element's flat index); scale float32
+//   [ceil(rows / block), cols] (quantize_tiles with tile (block, 1); [0, cols] without rows).
+//   The operands of int8_block_gemm.
 #include "common/checks.h"
 #include "common/front.h"
 
@@ -20,12 +24,15 @@ struct QuantizeSymmetricCols {
   static constexpr const char* kName = "quantize_symmetric_cols";
   static constexpr const char* kSchema =
       "quantize_symmetric_cols(Tensor x, int bits, bool stochastic=False, int seed=0, "
-      "int offset=0) -> (Tensor q, Tensor scale)";
+      "int offset=0, int block=0) -> (Tensor q, Tensor scale)";
   using Signature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, bool, int64_t,
-                                                       int64_t);
+                                                       int64_t, int64_t);
 
-  static void check(const at::Tensor& x, int64_t bits, bool, int64_t, int64_t offset) {
+  static void check(const at::Tensor& x, int64_t bits, bool, int64_t, int64_t offset,
+                    int64_t block) {
     constexpr const char* fn = "qtrain::quantize_symmetric_cols";
+    TORCH_CHECK_VALUE(block >= 0, fn, ": block must be >= 0 (0: one scale per column), got ",
+                      block);
     checks::bits_in(fn, bits, 2, 8);
     checks::dense(fn, "x", x);
     checks::dtype(fn, "x", x, at::kFloat);

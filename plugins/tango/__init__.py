@@ -48,6 +48,7 @@ from qtrain.plugins.tango.lineage import TABLE as ROW_SCALE_FUNCTIONS
 from qtrain.plugins.tango.lineage import RowScaled
 from qtrain.plugins.tango.policy import (
     COLUMNS,
+    NODE_BLOCKS,
     ROWS,
     NonFiniteOperand,
     QuantPolicy,
@@ -110,11 +111,19 @@ class TangoConfig:
     rounding: Literal["stochastic", "nearest"] = option(
         "stochastic", "stochastic rounding (unbiased, the paper's) or round-to-nearest (ablation)"
     )
-    scales: Literal["auto", "tensor", "row"] = option(
+    scales: Literal["auto", "tensor", "row", "block"] = option(
         "auto",
         "one scale per tensor (the paper's), one per row (per node for the features a GEMM "
-        "or SpMM reads, per output feature for a weight: finer levels), or auto: what "
-        "measures best, per row at every bit count",
+        "or SpMM reads, per output feature for a weight: finer levels), block: per row, and "
+        "the weight gradient's operands (summed over every node) one scale per block of "
+        "scale_block nodes of each column instead of one per column; or auto: what "
+        "measures best",
+    )
+    scale_block: int = option(
+        64,
+        'nodes per scale of the weight gradient\'s operands with scales = "block" (or auto)',
+        min=1,
+        max=65536,
     )
     rotation: Literal[0, 2, 4, 8, 16, 32, 64, 128, 256] = option(
         0,
@@ -127,6 +136,12 @@ class TangoConfig:
         "at 4 bits or fewer, store quantized operands two values a byte (what the cache "
         "keeps, what a product saves for backward, the rows an SpMM gathers): half the "
         "bytes of int8, the same values",
+    )
+    unsigned: bool = option(
+        True,
+        "at 3 bits or fewer, a tensor without negative values (a ReLU's output) takes the "
+        "unsigned levels 0..2^bits-1 instead of the symmetric ones, half of which it cannot "
+        "use (at 2 bits: 4 levels instead of 2)",
     )
     cache: bool = option(
         True, "reuse quantized tensors between primitives and from forward to backward"
@@ -169,10 +184,11 @@ class TangoConfig:
 
     def validate(self) -> None:
         """Options that only make sense together (checked where the recipe is read)."""
-        if self.rotation and self.scales == "tensor":
+        if self.rotation and self.scales in ("tensor", "block"):
             raise ValueError(
-                f'rotation = {self.rotation} needs one scale per row: set scales = "row" or '
-                '"auto", or rotation = 0'
+                f"rotation = {self.rotation} needs one scale per row (it rotates the weight "
+                'gradient\'s columns instead of cutting them into blocks): set scales = "row" '
+                'or "auto", or rotation = 0'
             )
 
 
@@ -250,9 +266,11 @@ class TangoPlugin(Plugin):
                 input_bits=cfg.input_bits,
                 weight_bits=cfg.weight_bits,
                 rounding=cfg.rounding,
-                scales=resolve_scales(cfg.scales),
+                scales=resolve_scales(cfg.scales, cfg.rotation),
+                scale_block=cfg.scale_block,
                 rotation=cfg.rotation,
                 packed=cfg.packed,
+                unsigned=cfg.unsigned,
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
                 backend=cfg.backend,
@@ -288,7 +306,11 @@ class TangoPlugin(Plugin):
         policy = self.policy
         if policy is None or policy.cache is None or not x.is_leaf or not policy.constant(x):
             return
-        kinds = (ROWS, COLUMNS) if policy.scales == "row" and x.dim() == 2 else (ROWS,)
+        kinds: tuple[str, ...] = (ROWS,)
+        if x.dim() == 2 and policy.scales == "row":
+            kinds = (ROWS, COLUMNS)
+        elif x.dim() == 2 and policy.scales == "block" and not policy.rotation:
+            kinds = (ROWS, NODE_BLOCKS)
         kept = compress.unpack_mask(packed, x.numel(), self.config.backend).view(x.shape)
         for by in kinds:
             try:
@@ -362,6 +384,7 @@ class TangoPlugin(Plugin):
             rounding=config.rounding,
             scales=config.scales,
             rotation=config.rotation,
+            unsigned=config.unsigned,
             seed=seed,
             device=device,
         )
@@ -614,8 +637,13 @@ class TangoPlugin(Plugin):
             "weights_quantized": policy.weights_quantized if policy else 0,
             "rounding": self.config.rounding,
             "scales": policy.scales if policy else self.config.scales,
+            # nodes per scale of the weight gradient's operands (used with scales = "block")
+            "scale_block": self.config.scale_block,
             "rotation": self.config.rotation,
             "packed": self.config.packed,
+            "unsigned": self.config.unsigned,
+            # quantizations of nonnegative tensors that took the unsigned levels
+            "unsigned_quantized": policy.unsigned_quantized if policy else 0,
             # quantized operands stored two values a byte (at 4 bits or fewer)
             "operands_packed": policy.operands_packed if policy else 0,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,

@@ -31,7 +31,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import torch
-from qtrain.plugins.tango.policy import resolve_scales, rotation_block
+from qtrain.plugins.tango.policy import UNSIGNED_MAX_BITS, resolve_scales, rotation_block
 
 from qtrain.data.base import FEAT, LABEL, TRAIN_MASK
 from qtrain.errors import QtrainError
@@ -57,18 +57,22 @@ def error_x_by_bits(
     seed: int = 0,
     scales: str = "tensor",
     rotation: int = 0,
+    unsigned: bool = False,
 ) -> dict[int, float]:
     """Error_X of x quantized at each bit count 2..8 as the run will quantize it at that
     count: one scale for x, one per row, or (``rotation`` > 0) one per row of x with its
-    last dimension rotated, rotated back to x's values before comparing."""
+    last dimension rotated, rotated back to x's values before comparing; with ``unsigned``,
+    a nonnegative x at 3 bits or fewer on the unsigned levels (the policy's rule)."""
     table: dict[int, float] = {}
     block = rotation_block(rotation, x.shape[-1]) if rotation and x.dim() == 2 else 0
     target = hadamard_rotate(x, block) if block else x
+    nonnegative = unsigned and target.numel() > 0 and bool((target.amin() >= 0).item())
     for bits in range(MIN_BITS, MAX_BITS + 1):
-        if resolve_scales(scales) == "row" and x.dim() >= 2:
-            q, scale = quantize_per_row(target, bits, rounding, seed=seed)
+        levels = bits + 1 if nonnegative and bits <= UNSIGNED_MAX_BITS else bits
+        if resolve_scales(scales) in ("row", "block") and x.dim() >= 2:
+            q, scale = quantize_per_row(target, levels, rounding, seed=seed)
         else:
-            q, scale = quantize(target, bits, rounding, seed=seed)
+            q, scale = quantize(target, levels, rounding, seed=seed)
         x_hat = dequantize(q, scale)
         if block:  # the normalised Hadamard matrix is its own inverse
             x_hat = hadamard_rotate(x_hat, block)[:, : x.shape[-1]]
@@ -216,6 +220,7 @@ def calibrate_model(
     rounding: str = "stochastic",
     scales: str = "tensor",
     rotation: int = 0,
+    unsigned: bool = False,
     seed: int = 0,
     device: torch.device | None = None,
 ) -> Calibration:
@@ -230,7 +235,7 @@ def calibrate_model(
         raise QtrainError(f"the calibration target must be > 0, got {target}")
     with dispatch.COUNTER.set_aside():  # the trial steps' kernel calls are not the run's
         x = first_layer_output(model, graph, device)
-        errors = error_x_by_bits(x, rounding, seed, scales, rotation)
+        errors = error_x_by_bits(x, rounding, seed, scales, rotation, unsigned)
         gradient = (
             {}
             if quantized_at is None

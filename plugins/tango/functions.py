@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from qtrain.plugins.tango.policy import (
     COLUMNS,
+    NODE_BLOCKS,
     ROTATED_COLUMNS,
     ROTATED_ROWS,
     ROWS,
@@ -34,11 +35,12 @@ from qtrain.plugins.tango.policy import (
     QuantPolicy,
 )
 
-from qtrain.ops.gemm import int8_gemm
+from qtrain.ops.gemm import int8_block_gemm, int8_gemm
 from qtrain.ops.graph import GraphCSR
 from qtrain.ops.rotate import hadamard_rotate
 from qtrain.ops.sparse import qsddmm, qspmm, qspmm_packed
 from qtrain.ops.typed import int8_segment_gemm
+from qtrain.quant.granular import dequantize_tiles
 from qtrain.quant.quantize import dequantize
 
 _state = threading.local()
@@ -240,6 +242,11 @@ class RowQuantLinear(torch.autograd.Function):
         dX       dY W   / dY W^T:                dY by rows, W by columns / by rows
         dW       dY^T X / X^T dY:                dY and X by columns        ("tn")
 
+    With ``scales = "block"`` dW's operands are quantized by blocks of the policy's
+    ``scale_block`` rows (nodes) of each column instead, and multiplied by
+    ``int8_block_gemm`` (one scale per column spans every node: at 2 bits most of a
+    gradient column rounds to 0).
+
     With the policy's ``rotation`` every ``by`` above is its rotated form: the rows of x
     (rows) or of x^T (columns) with the summed dimension last, rotated in Hadamard blocks,
     then one scale a row; every product is then ``A' B'^T`` ("nt"), equal to ``A B^T``
@@ -272,10 +279,11 @@ class RowQuantLinear(torch.autograd.Function):
         x_cols: tuple[torch.Tensor, ...] = ()
         if needs[2] and recording:  # an evaluation (nothing recorded) runs no backward
             # kept packed where the policy packs: only backward reads them, unpacked there
+            nodes = policy.node_side()
             x_cols = (
-                policy.cached(x, recording, columns, packed=True) if ctx.keeps_quantized else (x,)
+                policy.cached(x, recording, nodes, packed=True) if ctx.keeps_quantized else (x,)
             )
-            ctx.x_width = policy.quantized_width(x, columns)
+            ctx.x_width = policy.quantized_width(x, nodes)
         ctx.save_for_backward(*x_cols, w if needs[1] else None)
         return out
 
@@ -296,13 +304,20 @@ class RowQuantLinear(torch.autograd.Function):
             layout = "nn" if ctx.linear and not policy.rotation else "nt"
             dx = int8_gemm(qg, qw, sg, sw, layout, None, policy.backend)
         if ctx.needs_input_grad[2]:  # sums over the nodes
+            nodes = policy.node_side()
             if ctx.keeps_quantized:
                 qxc, sxc = policy.unpacked((saved[0], saved[1]), ctx.x_width)
                 policy.note_reuse()
             else:
-                qxc, sxc = policy.fresh(saved[0], False, columns)
-            qgc, sgc = policy.gradient(grad, columns)
-            if not policy.rotation:
+                qxc, sxc = policy.fresh(saved[0], False, nodes)
+            qgc, sgc = policy.gradient(grad, nodes)
+            if nodes == NODE_BLOCKS:
+                block = policy.scale_block
+                if ctx.linear:  # dW [N, K] = dY^T X
+                    dw = int8_block_gemm(qgc, qxc, sgc, sxc, block, policy.backend)
+                else:  # dW [K, N] = X^T dY
+                    dw = int8_block_gemm(qxc, qgc, sxc, sgc, block, policy.backend)
+            elif not policy.rotation:
                 dw = QuantLinear._weight_grad(ctx, qxc, sxc, qgc, sgc)
             elif ctx.linear:  # dW [N, K] = dY^T X
                 dw = int8_gemm(qgc, qxc, sgc, sxc, "nt", None, policy.backend)
@@ -322,7 +337,11 @@ class RowQuantLinear(torch.autograd.Function):
             dx = grad @ w if ctx.linear else grad @ w.t()
         if ctx.needs_input_grad[2]:
             if ctx.keeps_quantized:
-                x = dequantize(*policy.unpacked((saved[0], saved[1]), ctx.x_width))
+                qx, sx = policy.unpacked((saved[0], saved[1]), ctx.x_width)
+                if policy.node_side() == NODE_BLOCKS and sx.dim() == 2:
+                    x = dequantize_tiles(qx, sx, (policy.scale_block, 1))
+                else:
+                    x = dequantize(qx, sx)
             else:
                 x = saved[0]
             if ctx.keeps_quantized and policy.rotation:
@@ -347,7 +366,7 @@ def quant_linear(
 ) -> torch.Tensor:
     """Quantized dense product for x of any rank >= 2 (leading dims flattened)."""
     function: type[torch.autograd.Function] = QuantLinear
-    if policy.scales == "row" or policy.rotation:
+    if policy.per_row or policy.rotation:
         function = RowQuantLinear
     if x.dim() == 2:
         return function.apply(policy, x, w, bias, linear, torch.is_grad_enabled())

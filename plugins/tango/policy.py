@@ -18,6 +18,13 @@ a weight gradient X^T dY, or a weight read as ``x @ W``) or ``"tensor"`` (a prod
 whose kernel takes one scale). With ``scales = "tensor"`` every ``by`` gives the
 per-tensor quantization.
 
+``"block"`` is ``"row"`` except for the products that sum over the nodes (a weight
+gradient X^T dY): they ask for ``"node blocks"``, one scale per block of ``scale_block``
+rows (nodes) of each column, and multiply with ``int8_block_gemm``. One scale per column
+spans every node (169,343 on synthetic-arxiv), and at 2 bits it rounds most of a
+gradient column to 0: the step's gradient error there is 2.1 with one scale per column
+and 0.57 with blocks of 64 (README, "Scales per block").
+
 Rotation (``rotation = B``): a GEMM may instead ask for ``"rotated rows"`` (x's last
 dimension, padded to a multiple of B, times the block-diagonal Hadamard matrix, then one
 scale per row) or ``"rotated columns"`` (the same for x's first dimension: the rows of
@@ -36,6 +43,13 @@ operand asked for ``packed`` is stored two values a byte (uint8 ``[..., ceil(D /
 rows an SpMM gathers (``qspmm4``) take half the bytes of int8. A product that reads int8
 (the GEMMs) unpacks; a tensor asked for both forms is quantized once, the second form made
 from the first (packing or unpacking, no second draw).
+
+Unsigned levels (``unsigned``): symmetric levels ``-(2^(b-1) - 1) .. 2^(b-1) - 1`` spend
+half their codes on signs that a ReLU's output never has: at 2 bits such a tensor keeps
+only 0 and its row's maximum. A tensor without negative values quantized at
+``UNSIGNED_MAX_BITS`` or fewer takes the unsigned levels ``0 .. 2^b - 1`` instead, with
+scale ``absmax / (2^b - 1)``: exactly what the symmetric quantizer at ``b + 1`` bits makes
+of a nonnegative tensor, so the kernels are the same and every value still fits b bits.
 
 Step inputs (``input_bits``): a forward operand that takes no part in the gradient a
 training step records (the node features, or what the model computes from them alone,
@@ -63,16 +77,26 @@ from qtrain.ops.rotate import hadamard_rotate
 _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
 ROWS, COLUMNS, TENSOR = "rows", "columns", "tensor"  # what a primitive asks for (``by``)
 ROTATED_ROWS, ROTATED_COLUMNS = "rotated rows", "rotated columns"  # with ``rotation``
+NODE_BLOCKS = "node blocks"  # with scales = "block": a scale per block of rows of a column
 PACKABLE_BITS = 4  # at this bit count or fewer a quantized value fits a nibble
+# unsigned levels for a nonnegative tensor up to this bit count: its values 0..2^bits - 1
+# still fit the signed nibble that packed operands keep (0..7 at 3 bits)
+UNSIGNED_MAX_BITS = 3
 
 
-def resolve_scales(scales: str) -> str:
-    """The granularity a run with ``scales`` (``"auto"``, ``"tensor"`` or ``"row"``) quantizes
-    with: ``"auto"`` is one scale per row at every bit count. One scale per tensor loses
-    accuracy at 4 bits on every recipe (Cora GCN: 75.3 per tensor, 80.8 per row, FP32
-    80.9) and at 8 bits on a larger graph (synthetic-arxiv GCN, 3 seeds: 83.9 per tensor,
-    86.3 per row, FP32 86.3); per row costs 5-25% more epoch time (README)."""
-    return "row" if scales == "auto" else scales
+def resolve_scales(scales: str, rotation: int = 0) -> str:
+    """The granularity a run with ``scales`` (``"auto"``, ``"tensor"``, ``"row"`` or
+    ``"block"``) quantizes with: ``"auto"`` is ``"block"`` at every bit count. One scale per
+    tensor loses accuracy at 4 bits on every recipe (Cora GCN: 75.3 per tensor, 80.8 per
+    row, FP32 80.9) and at 8 bits on a larger graph (synthetic-arxiv GCN, 3 seeds: 83.9 per
+    tensor, 86.3 per row, FP32 86.3); per row costs 5-25% more epoch time (README). Blocks
+    of nodes in the weight gradient cut one step's gradient error on synthetic-arxiv GCN
+    from 0.30 to 0.07 at 4 bits and from 2.1 to 0.57 at 2 bits (README, "Scales per
+    block"). With a ``rotation`` the weight gradient's operands are rotated columns, so
+    ``"auto"`` is ``"row"`` there."""
+    if scales == "auto":
+        return "row" if rotation else "block"
+    return scales
 
 
 def is_weight(x: torch.Tensor) -> bool:
@@ -102,9 +126,12 @@ class QuantPolicy:
     input_bits: int | None = None  # the step inputs' bit count (module doc); None: bits
     weight_bits: int | None = None  # the weights' bit count (module doc); None: bits
     rounding: str = "stochastic"
-    scales: str = "tensor"
+    scales: str = "tensor"  # "tensor", "row" or "block" (resolved: never "auto")
+    scale_block: int = 64  # rows of a column per scale of a "node blocks" quantization
     rotation: int = 0  # Hadamard block along a GEMM's summed dimension; 0: none
     packed: bool = False  # store operands asked for ``packed`` two 4-bit values a byte
+    unsigned: bool = False  # unsigned levels for nonnegative tensors (module doc)
+    unsigned_quantized: int = 0  # quantizations that took the unsigned levels
     seed: int = 0
     cache: QuantCache | None = field(default_factory=QuantCache)
     backend: str = "auto"
@@ -198,6 +225,7 @@ class QuantPolicy:
                     self.step_inputs_quantized += 1
         by = self.granularity(x, by)
         target = self._rotated(x, by)
+        bits = self._levels(target, bits)
         seed, offset = self.seed, 0
         if self.rounding == "stochastic":
             if constant:
@@ -212,12 +240,41 @@ class QuantPolicy:
                 raise
             raise NonFiniteOperand("operand holds NaN or Inf") from None
 
+    @property
+    def per_row(self) -> bool:
+        """Whether products take one scale per row (``scales`` "row" or "block")."""
+        return self.scales in ("row", "block")
+
+    def node_side(self) -> str:
+        """What a product that sums over the nodes (a weight gradient X^T dY) asks for of X
+        and dY: their rotated columns (``rotation``), blocks of ``scale_block`` rows of each
+        column (``scales = "block"``) or their columns."""
+        if self.rotation:
+            return ROTATED_COLUMNS
+        return NODE_BLOCKS if self.scales == "block" else COLUMNS
+
+    def _levels(self, x: torch.Tensor, bits: int) -> int:
+        """The symmetric bit count that quantizes x: ``bits + 1`` (the unsigned levels of
+        ``bits``, module doc) for a tensor without negative values where ``unsigned`` and
+        ``bits <= UNSIGNED_MAX_BITS``, else ``bits``. NaN never passes the test."""
+        if not self.unsigned or bits > UNSIGNED_MAX_BITS or x.numel() == 0:
+            return bits
+        if not bool((x.amin() >= 0).item()):
+            return bits
+        with self._lock:
+            self.unsigned_quantized += 1
+        return bits + 1
+
     def granularity(self, x: torch.Tensor, by: str) -> str:
         """What x is quantized by: ``by``, or one scale for the whole tensor where the
         policy's scales are per tensor or x has no rows to speak of (one dimension)."""
         if by in (ROTATED_ROWS, ROTATED_COLUMNS):
             return by  # asked for by the rotated GEMM only, which passes 2-d operands
-        if self.scales == "tensor" or x.dim() < 2 or (by == COLUMNS and x.dim() != 2):
+        if (
+            self.scales == "tensor"
+            or x.dim() < 2
+            or (by in (COLUMNS, NODE_BLOCKS) and x.dim() != 2)
+        ):
             return TENSOR
         return by
 
@@ -240,6 +297,8 @@ class QuantPolicy:
             return quantize(x, *args)
         if by == COLUMNS:
             return quantize_per_column(x, *args)
+        if by == NODE_BLOCKS:
+            return quantize_per_column(x, *args, block=self.scale_block)
         return quantize_per_row(x, *args)  # rows, and the rows of a rotated x
 
     def cached(

@@ -39,9 +39,14 @@ def quantize_symmetric_rows(
 
 
 def quantize_symmetric_cols(
-    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0
+    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0, block: int = 0
 ) -> tuple[Tensor, Tensor]:
-    return _empty(x.shape, torch.int8, x), _empty((1, x.shape[1]), torch.float32, x)
+    rows = 1 if block == 0 else (x.shape[0] + block - 1) // block
+    return _empty(x.shape, torch.int8, x), _empty((rows, x.shape[1]), torch.float32, x)
+
+
+def int8_block_gemm(qa: Tensor, qb: Tensor, scale_a: Tensor, scale_b: Tensor, block: int) -> Tensor:
+    return _empty((qa.shape[1], qb.shape[1]), torch.float32, qa)
 
 
 def hadamard_rotate(x: Tensor, block: int) -> Tensor:
@@ -270,6 +275,7 @@ FAKES: dict[str, Callable[..., Any]] = {
         unpack_int4,
         qsddmm,
         int8_gemm,
+        int8_block_gemm,
         quantized_gemm,
         quantize_rows,
         dequantize_rows,

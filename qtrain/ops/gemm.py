@@ -46,6 +46,9 @@ from qtrain.quant.rng import op_seed
 
 LAYOUTS = ("nn", "nt", "tn")
 GEMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing int8_gemm
+# compiled backends implementing int8_block_gemm
+BLOCK_GEMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
+MAX_BLOCK = 65536  # int8_block_gemm's longest block: its int32 block sums stay exact
 # compiled backends implementing quantized_gemm (quantization fused into the GEMM)
 QUANTIZED_GEMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
 _MAX_COUNTER = 2**63 - 1
@@ -289,6 +292,93 @@ def int8_gemm(
         if chosen == "reference":
             return reference_int8_gemm(qa, qb, scale, layout, bias, row, col)
         return torch.ops.qtrain.int8_gemm(qa, qb, scale, layout, bias, row, col)
+
+
+# ------------------------------------------------------------------ int8_block_gemm
+
+
+def _check_block_gemm(
+    qa: object, qb: object, scale_a: object, scale_b: object, block: object
+) -> tuple[int, int, int, int]:
+    """(M, K, N, block), or the exception the op's front (ext/ops/int8_block_gemm.cpp) raises."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise ValueError(f"block must be an integer in 1..{MAX_BLOCK}, got {block!r}")
+    if not 1 <= int(block) <= MAX_BLOCK:
+        raise ValueError(f"block must be an integer in 1..{MAX_BLOCK}, got {block}")
+    qa = _check_operand("qa", qa, torch.int8)
+    qb = _check_operand("qb", qb, torch.int8)
+    _check_same_device("qb", qb, "qa", qa)
+    m, k, n = _layout_dims(qa, qb, "tn")
+    blocks = -(-k // int(block))
+    for name, scale, cols in (("scale_a", scale_a, m), ("scale_b", scale_b, n)):
+        t = _dense(name, scale)
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {_dtype_name(t.dtype)}")
+        if tuple(t.shape) != (blocks, cols):
+            raise ValueError(
+                f"{name} must have shape ({blocks}, {cols}) (one scale per block of rows of "
+                f"each column), got {list(t.shape)}"
+            )
+        _check_same_device(name, t, "qa", qa)
+    return m, k, n, int(block)
+
+
+def reference_block_gemm(
+    qa: torch.Tensor,
+    qb: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    block: int,
+) -> torch.Tensor:
+    """The pure-PyTorch definition of :func:`int8_block_gemm`: the exact integer sum of
+    each block of ``block`` rows (float64 products are exact here), each block's term
+    ``fl32(float(acc_b[m, n]) * fl32(scale_a[b, m] * scale_b[b, n]))`` added in float32 into
+    its group's sum (:func:`block_gemm_groups`, from 0, in block order), and the groups'
+    sums added in group order."""
+    m, k, n, block = _check_block_gemm(qa, qb, scale_a, scale_b, block)
+    blocks = -(-k // block)
+    groups = block_gemm_groups(blocks, m, n)
+    out = torch.zeros((m, n), dtype=torch.float32, device=qa.device)
+    for g in range(groups):
+        part = torch.zeros((m, n), dtype=torch.float32, device=qa.device)
+        for b in range(blocks * g // groups, blocks * (g + 1) // groups):
+            rows = slice(b * block, (b + 1) * block)
+            acc = qa[rows].to(torch.float64).t() @ qb[rows].to(torch.float64) + 0.0
+            part = part + acc.to(torch.float32) * (scale_a[b][:, None] * scale_b[b][None, :])
+        out = part if g == 0 else out + part
+    return out
+
+
+def block_gemm_groups(blocks: int, m: int, n: int) -> int:
+    """How many contiguous groups :func:`int8_block_gemm` adds its blocks in (each group in
+    block order, then the groups in order): at most 16, fewer where 16 float32 ``[M, N]``
+    partial sums would pass 64 MiB, one per block at most. A function of the shape, so
+    every device and thread count adds the same values in the same order
+    (ext/common/block_gemm.h)."""
+    fit = max(1, (64 << 20) // max(1, m * n * 4))
+    return max(1, min(blocks, 16, fit))
+
+
+def int8_block_gemm(
+    qa: torch.Tensor,
+    qb: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    block: int,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """float32 ``dequant(qa)^T @ dequant(qb)`` ("tn": qa [K, M], qb [K, N]) with one scale per
+    block of ``block`` rows of each column (``scale_a`` [ceil(K / block), M], ``scale_b``
+    [.., N]: ``quantize_per_column(..., block=block)``'s scales). The product a weight
+    gradient X^T dY is, summed over every node: one scale per column over 169,343 nodes
+    leaves most of a 2-bit column at 0. Each block sums exactly in int32 and is scaled in
+    float32; the blocks add in float32 in the reference's order (:func:`block_gemm_groups`)
+    on every device, ISA and thread count: bit for bit."""
+    chosen = dispatch.resolve("block_gemm", _tensor("qa", qa), backend, kernels=BLOCK_GEMM_KERNELS)
+    with dispatch.call("block_gemm", chosen):
+        if chosen == "reference":
+            return reference_block_gemm(qa, qb, scale_a, scale_b, block)
+        return torch.ops.qtrain.int8_block_gemm(qa, qb, scale_a, scale_b, block)
 
 
 # ------------------------------------------------------------------ quantized_gemm

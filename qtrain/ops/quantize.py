@@ -82,18 +82,27 @@ def quantize_per_column(
     seed: int = 0,
     offset: int = 0,
     backend: str = "auto",
+    block: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric quantization with one scale per column of a 2-d x: ``(q int8 in x's layout,
     scale float32 [1, cols])``, x ~ q * scale. The operand of a product that sums over x's
     rows (a weight gradient X^T dY reads X through the GEMM's "tn" layout), without
-    transposing x. Reference: ``qtrain.quant.granular.quantize_cols_symmetric``."""
+    transposing x. Reference: ``qtrain.quant.granular.quantize_cols_symmetric``.
+
+    ``block`` > 0: one scale per block of ``block`` rows of each column, scale float32
+    ``[ceil(rows / block), cols]`` (``granular.quantize_col_blocks``): the operands of
+    ``qtrain.ops.gemm.int8_block_gemm``."""
     xf = ref.as_float32(x)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise ValueError(f"block must be >= 0 (0: one scale per column), got {block!r}")
     chosen = dispatch.resolve("quantize_cols", xf, backend, kernels=COL_QUANTIZE_KERNELS)
     with dispatch.call("quantize_cols", chosen):
         if chosen == "reference":
+            if block:
+                return granular.quantize_col_blocks(xf, bits, block, rounding, seed, offset)
             return granular.quantize_cols_symmetric(xf, bits, rounding, seed, offset)
         return torch.ops.qtrain.quantize_symmetric_cols(
-            xf, bits, ref.stochastic(rounding), op_seed(seed), offset
+            xf, bits, ref.stochastic(rounding), op_seed(seed), offset, block
         )
 
 

@@ -55,6 +55,7 @@ QUANTIZED_BACKENDS = frozenset({"ext-cpu", "ext-cuda", "reference"})
 # qtrain kernel (``qtrain.ops.dispatch`` primitive) -> table row
 KERNELS = {
     "gemm": "GEMM",
+    "block_gemm": "GEMM",  # a weight gradient with one scale per block of nodes
     "segment_matmul": "GEMM",
     "int8_segment_gemm": "GEMM",
     "spmm": "SpMM",

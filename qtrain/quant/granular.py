@@ -155,6 +155,31 @@ def quantize_cols_symmetric(
     return quantize_tiles(x, bits, (x.shape[0], 1), rounding, seed, offset)
 
 
+def quantize_col_blocks(
+    x: torch.Tensor,
+    bits: int,
+    block: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_tiles` with one tile per block of ``block`` rows of a column: ``(q,
+    scale [ceil(rows / block), cols])``, q in x's own layout (``[0, cols]`` scales without
+    rows). ``block`` a positive int."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a 2-d tensor, got {shape}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be a positive int, got {block!r}")
+    if x.shape[0] == 0:
+        checked_quantize_args(x, bits, rounding, seed, offset)
+        return (
+            torch.empty((0, x.shape[1]), dtype=torch.int8, device=x.device),
+            torch.zeros((0, x.shape[1]), dtype=torch.float32, device=x.device),
+        )
+    return quantize_tiles(x, bits, (block, 1), rounding, seed, offset)
+
+
 def dequantize_tiles(q: torch.Tensor, scale: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
     """float32 ``q * scale`` with each tile's scale (the inverse of :func:`quantize_tiles`)."""
     tile = check_tile(tile, q.shape)

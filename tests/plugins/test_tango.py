@@ -621,7 +621,7 @@ def test_auto_bits_records_the_calibration(tango_recipe: Callable[..., Path]) ->
         ("bits = 1", "too small"),
         ('bits = "eight"', "quant.tango.bits"),
         ('rounding = "up"', "rounding"),
-        ('scales = "block"', "quant.tango.scales"),
+        ('scales = "blocks"', "quant.tango.scales"),
         ("fp32_when_small = 3", "fp32_when_small = 3 must be true or false"),
     ],
 )

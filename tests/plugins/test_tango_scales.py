@@ -176,8 +176,9 @@ def test_calibration_measures_the_scales_the_run_uses() -> None:
 @pytest.mark.parametrize(
     ("extra", "scales"),
     [
-        ("bits = 4", "row"),  # the default, "auto": per row at every bit count
-        ("bits = 8", "row"),
+        ("bits = 4", "block"),  # the default, "auto": per row, blocks of nodes in dW
+        ("bits = 8", "block"),
+        ('bits = 4\nscales = "row"', "row"),
         ('bits = 4\nscales = "tensor"', "tensor"),
         ('bits = 8\nscales = "tensor"', "tensor"),
     ],
@@ -193,16 +194,18 @@ def test_a_run_reports_its_scales_and_runs_the_kernels(
     assert summary["plugin_reports"]["tango"]["scales"] == scales
     kernels = summary["kernels"]
     assert "ext-cpu" in kernels["gemm"] and "ext-cpu" in kernels["spmm"]
-    quantizers = ("quantize_rows", "quantize_cols") if scales == "row" else ("quantize",)
+    quantizers = ("quantize_rows", "quantize_cols") if scales != "tensor" else ("quantize",)
     for quantizer in quantizers:
         assert kernels[quantizer].get("ext-cpu", 0) > 0, kernels
     if scales == "tensor":
         assert "quantize_rows" not in kernels and "quantize_cols" not in kernels
+    assert ("block_gemm" in kernels) == (scales == "block"), kernels
 
 
-def test_auto_scales_are_per_row_at_every_bit_count() -> None:
-    assert resolve_scales("auto") == "row"
+def test_auto_scales_are_blocks_at_every_bit_count() -> None:
+    assert resolve_scales("auto") == "block"
     assert resolve_scales("tensor") == "tensor" and resolve_scales("row") == "row"
+    assert resolve_scales("auto", rotation=16) == "row"  # rotated columns replace the blocks
     from qtrain.plugins.tango.calibrate import error_x_by_bits
 
     torch.manual_seed(4)

@@ -1,0 +1,136 @@
+// int8_block_gemm on CUDA (front: ops/int8_block_gemm.cpp; reference qtrain/ops/gemm.py
+// reference_block_gemm, CPU twin cpu/int8_gemm_kernel.cpp gemm_tn_blocks).
+//
+// "tn" with one scale per block of `block` k for each column of qa [K, M] and qb [K, N]:
+// C[m, n] = sum over blocks b, in order, of fl32(float(acc_b) * fl32(sa[b, m] * sb[b, n])).
+// A CUDA block owns a 64 x 64 tile of C, 256 threads of 4 x 4 outputs each; it walks the
+// k blocks in order, staging 16 k at a time of both operands' 64 columns in shared memory,
+// sums each k block exactly in int32 and adds its term in float32 (--fmad=false: no
+// contraction), into its group's sum, the groups' sums added in order
+// (common/block_gemm.h), as the reference and the CPU kernel do: bit for bit the
+// reference's for any launch. Plain int32 multiply-adds: the
+// tensor-core path of int8_gemm (cuda/gemm.cuh) has no per-k-block epilogue yet.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include "common/block_gemm.h"
+#include "cuda/common.cuh"
+
+namespace qtrain {
+namespace cuda {
+namespace {
+
+constexpr int kTile = 64;    // C tile: kTile x kTile
+constexpr int kStage = 16;   // k staged in shared memory at a time
+constexpr int kPer = 4;      // outputs per thread along each dimension
+constexpr int kThreads = (kTile / kPer) * (kTile / kPer);  // 256
+
+__global__ void __launch_bounds__(kThreads)
+    block_gemm_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
+                      const float* __restrict__ sa, const float* __restrict__ sb, int64_t K,
+                      int64_t M, int64_t N, int64_t block, int64_t groups,
+                      float* __restrict__ c) {
+  __shared__ int32_t as[kStage][kTile];
+  __shared__ int32_t bs[kStage][kTile];
+  const int tx = threadIdx.x % (kTile / kPer), ty = threadIdx.x / (kTile / kPer);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  float out[kPer][kPer] = {};
+  float part[kPer][kPer];
+  const int64_t blocks = (K + block - 1) / block;
+  int64_t group = 0, group_end = blocks / groups;  // blocks [blocks * g / G, blocks * (g + 1) / G)
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) part[i][j] = 0.0f;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t k0 = blk * block, k1 = min(K, k0 + block);
+    int32_t acc[kPer][kPer] = {};
+    for (int64_t ks = k0; ks < k1; ks += kStage) {
+      for (int i = threadIdx.x; i < kStage * kTile; i += kThreads) {
+        const int kk = i / kTile, col = i % kTile;
+        const int64_t k = ks + kk;
+        const bool in_k = k < k1;
+        as[kk][col] = in_k && m0 + col < M ? static_cast<int32_t>(a[k * M + m0 + col]) : 0;
+        bs[kk][col] = in_k && n0 + col < N ? static_cast<int32_t>(b[k * N + n0 + col]) : 0;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kStage; ++kk) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+          const int32_t av = as[kk][ty * kPer + i];
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) acc[i][j] += av * bs[kk][tx * kPer + j];
+        }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t m = m0 + ty * kPer + i;
+      const float fa = m < M ? __ldg(sa + blk * M + m) : 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int64_t n = n0 + tx * kPer + j;
+        const float fb = n < N ? __ldg(sb + blk * N + n) : 0.0f;
+        part[i][j] = __fadd_rn(part[i][j],
+                               __fmul_rn(static_cast<float>(acc[i][j]), __fmul_rn(fa, fb)));
+      }
+    }
+    if (blk + 1 == group_end) {  // the group's sum joins the total (the first one is it)
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) {
+          out[i][j] = group == 0 ? part[i][j] : __fadd_rn(out[i][j], part[i][j]);
+          part[i][j] = 0.0f;
+        }
+      ++group;
+      group_end = blocks * (group + 1) / groups;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t m = m0 + ty * kPer + i;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t n = n0 + tx * kPer + j;
+      if (m < M && n < N) c[m * N + n] = out[i][j];
+    }
+  }
+}
+
+at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
+                           const at::Tensor& scale_a_in, const at::Tensor& scale_b_in,
+                           int64_t block) {
+  const c10::cuda::CUDAGuard guard(qa_in.device());
+  const int64_t K = qa_in.size(0), M = qa_in.size(1), N = qb_in.size(1);
+  const at::TensorOptions opts = qa_in.options().dtype(at::kFloat);
+  if (M == 0 || N == 0 || K == 0) return at::zeros({M, N}, opts);
+  const int64_t tiles_m = (M + kTile - 1) / kTile, tiles_n = (N + kTile - 1) / kTile;
+  TORCH_CHECK_VALUE(tiles_m <= 65535 && tiles_n <= int64_t{0x7fffffff},
+                    "qtrain::int8_block_gemm: the output [", M, ", ", N,
+                    "] is too large for the CUDA kernel");
+  const at::Tensor qa = qa_in.contiguous();
+  const at::Tensor qb = qb_in.contiguous();
+  const at::Tensor sa = scale_a_in.contiguous();
+  const at::Tensor sb = scale_b_in.contiguous();
+  at::Tensor out = at::empty({M, N}, opts);
+  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m));
+  block_gemm_kernel<<<grid, kThreads, 0, current_stream()>>>(
+      qa.const_data_ptr<int8_t>(), qb.const_data_ptr<int8_t>(), sa.const_data_ptr<float>(),
+      sb.const_data_ptr<float>(), K, M, N, block,
+      block_gemm_groups((K + block - 1) / block, M, N), out.mutable_data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace qtrain
+
+TORCH_LIBRARY_IMPL(qtrain, CUDA, m) {
+  m.impl("int8_block_gemm", &qtrain::cuda::int8_block_gemm);
+}
