@@ -260,7 +260,7 @@ def test_calibrate_prints_both_measures(tango_recipe: Callable[..., Path]) -> No
         check=True,
     )
     assert "gradient error" in proc.stdout and "Error_X" in proc.stdout
-    assert "the smallest count with gradient error <= 0.25" in proc.stdout
+    assert "the smallest count with gradient error <= 0.2" in proc.stdout
 
 
 @pytest.mark.parametrize(
