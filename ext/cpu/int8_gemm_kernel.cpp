@@ -1052,17 +1052,21 @@ void int8_gemm_int32_out(const at::Tensor& qa_in, const at::Tensor& qb_in,
   run_problem(p);
 }
 
-at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
-                           const at::Tensor& scale_a_in, const at::Tensor& scale_b_in,
-                           int64_t block) {
+void int8_block_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in,
+                         const at::Tensor& scale_a_in, const at::Tensor& scale_b_in,
+                         int64_t block, const at::Tensor& out) {
   const at::Tensor qa = qa_in.contiguous();
   const at::Tensor qb = qb_in.contiguous();
   const at::Tensor sa = scale_a_in.contiguous();
   const at::Tensor sb = scale_b_in.contiguous();
   Problem p = problem_of(qa, qb, "tn");
-  at::Tensor out = at::empty({p.M, p.N}, qa.options().dtype(at::kFloat));
-  if (p.M == 0 || p.N == 0) return out;
-  if (p.K == 0) return out.zero_();
+  TORCH_INTERNAL_ASSERT(out.scalar_type() == at::kFloat && out.is_contiguous() &&
+                        out.dim() == 2 && out.size(0) == p.M && out.size(1) == p.N);
+  if (p.M == 0 || p.N == 0) return;
+  if (p.K == 0) {
+    out.zero_();
+    return;
+  }
   p.out = out.mutable_data_ptr<float>();
   const float* a = sa.const_data_ptr<float>();
   const float* b = sb.const_data_ptr<float>();
@@ -1070,19 +1074,18 @@ at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
   switch (isa::variant()) {
     case isa::kAvx512Vnni:
       gemm_tn_blocks<Vnni>(p, block, a, b);
-      return out;
+      return;
     case isa::kAvx512:
       gemm_tn_blocks<Avx512>(p, block, a, b);
-      return out;
+      return;
     case isa::kAvx2:
       gemm_tn_blocks<Avx2>(p, block, a, b);
-      return out;
+      return;
     default:
       break;
   }
 #endif
   gemm_tn_blocks<Portable>(p, block, a, b);
-  return out;
 }
 
 at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
@@ -1101,7 +1104,4 @@ at::Tensor int8_gemm(const at::Tensor& qa, const at::Tensor& qb, double scale,
 }  // namespace cpu
 }  // namespace qtrain
 
-TORCH_LIBRARY_IMPL(qtrain, CPU, m) {
-  m.impl("int8_gemm", &qtrain::cpu::int8_gemm);
-  m.impl("int8_block_gemm", &qtrain::cpu::int8_block_gemm);
-}
+TORCH_LIBRARY_IMPL(qtrain, CPU, m) { m.impl("int8_gemm", &qtrain::cpu::int8_gemm); }

@@ -2,8 +2,8 @@
 // operand's columns: the weight gradient X^T dY when X and dY were quantized by
 // quantize_symmetric_cols with that block (a sum over every node, where one scale per
 // column leaves a 2-bit column of 169,343 nodes with almost every value rounded to 0).
-// Reference: qtrain/ops/gemm.py reference_block_gemm; kernels: cpu/int8_gemm_kernel.cpp
-// (gemm_tn_blocks), cuda/int8_block_gemm_kernel.cu.
+// Reference: qtrain/ops/gemm.py reference_block_gemm; kernels: cpu/int8_block_gemm_kernel.cpp
+// (cpu/int8_gemm_kernel.cpp gemm_tn_blocks), cuda/int8_block_gemm_kernel.cu.
 //
 //   C[m, n] = sum over blocks b = 0 .. ceil(K / block) - 1 of
 //             fl32(float(acc_b[m, n]) * fl32(scale_a[b, m] * scale_b[b, n]))
