@@ -29,10 +29,6 @@
 #include <cstring>
 #include <utility>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "cpu/isa.h"
 #include "cpu/mem.h"
 #include "cpu/ranges.h"
@@ -194,16 +190,9 @@ at::Tensor hadamard_rotate(const at::Tensor& x_in, int64_t block) {
   const RowsFn body = kernels().rows;
 
   const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-    const int t = 0, team = 1;
-#endif
-    const int64_t r0 = rows * t / team, r1 = rows * (t + 1) / team;
-    if (r1 > r0) body(xp, op, r0, r1, cols, padded, block, scale);
-  }
+for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
+    body(xp, op, r0, r1, cols, padded, block, scale);
+  });
   return out;
 }
 

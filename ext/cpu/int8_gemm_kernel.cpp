@@ -704,11 +704,74 @@ void gemm_rows(const Problem& p) {
   });
 }
 
+// One K-slice [k0, k0 + kc) of a "tn" product, the step the split-K path repeats per chunk
+// and the block path per block: A's rows of the slice packed once, then each panel of
+// F::kNR columns of B packed and `on_panel(ta, n0, nc, panel, kcp)` called (panel: the
+// packed bytes for the VNNI correction, or null for the int16 families; it sets the tile's
+// store and correction), then the tiles run over the rows, `at_rows(ta, m0, n0)` pointing
+// them at their output. `sc` holds packing room for kc rows (reserve_packing).
+// Room in sc for A's and B's packed panels of a K-slice of up to k rows.
+template <class F>
+void reserve_packing(Scratch& sc, int64_t k, int64_t Mr, int64_t Np) {
+  if constexpr (F::kBytes) {
+    sc.a8.resize(static_cast<size_t>(k * Mr));
+    sc.b8.resize(static_cast<size_t>(k * Np));
+  } else {
+    sc.a16.resize(static_cast<size_t>(k * Mr));
+    sc.b16.resize(static_cast<size_t>(k * Np));
+  }
+}
+
+template <class F, bool ACC64, class OnPanel, class AtRows>
+void tiles_of_k_slice(const Problem& p, int64_t k0, int64_t kc, int64_t Mr, int64_t panels,
+                      Scratch& sc, const OnPanel& on_panel, const AtRows& at_rows) {
+  int64_t a_sm, a_sk, b_sk, b_sn;
+  strides(p, a_sm, a_sk, b_sk, b_sn);
+  const int64_t kcp = round_up(kc, 4);
+  const int8_t* asrc = p.a + k0 * a_sk;
+  const int8_t* bsrc = p.b + k0 * b_sk;
+  if constexpr (F::kBytes) {
+    pack_bytes(asrc, a_sk, a_sm, kc, 0, p.M, Mr, sc.a8.data());
+  } else {
+    pack_pairs16(asrc, a_sk, a_sm, kc, 0, p.M, Mr, sc.a16.data());
+  }
+  for (int64_t q = 0; q < panels; ++q) {
+    const int64_t n0 = q * F::kNR;
+    const int nc = static_cast<int>(std::min<int64_t>(F::kNR, p.N - n0));
+    const int nv = (nc + F::kLanes - 1) / F::kLanes;
+    TileArgs ta{};
+    ta.steps = kcp / F::kKStep;
+    if constexpr (F::kBytes) {
+      int8_t* bp = sc.b8.data() + q * kcp * F::kNR;
+      pack_bytes(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+      on_panel(ta, n0, nc, bp, kcp);
+      ta.b = bp;
+      ta.ars = 4;
+      ta.aks = 4 * Mr;
+    } else {
+      int16_t* bp = sc.b16.data() + q * kcp * F::kNR;
+      pack_pairs16(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+      on_panel(ta, n0, nc, static_cast<const int8_t*>(nullptr), kcp);
+      ta.b = bp;
+      ta.ars = 1;
+      ta.aks = Mr;
+    }
+    for (int64_t m0 = 0; m0 < p.M; m0 += kMR) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
+      if constexpr (F::kBytes) {
+        ta.a = sc.a8.data() + 4 * m0;
+      } else {
+        ta.a = sc.a16.data() + 2 * m0;
+      }
+      at_rows(ta, m0, n0);
+      pick<F, ACC64>(rows, nv)(ta);
+    }
+  }
+}
+
 // "tn" with a long inner dimension: K split across threads, int64 partial C per thread.
 template <class F>
 void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
-  int64_t a_sm, a_sk, b_sk, b_sn;
-  strides(p, a_sm, a_sk, b_sk, b_sn);
   const int64_t panels = Np / F::kNR;
   const int64_t chunks = (p.K + kSplitChunk - 1) / kSplitChunk;
   const int nt = team_size(chunks, static_cast<double>(p.M) * static_cast<double>(p.N) *
@@ -719,66 +782,24 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
   for (Scratch& sc : scratch) {
     sc.c64.assign(static_cast<size_t>(Mr * Np), 0);
     sc.cs.assign(static_cast<size_t>(Np), 0);
-    if constexpr (F::kBytes) {
-      sc.a8.resize(static_cast<size_t>(kSplitChunk * Mr));
-      sc.b8.resize(static_cast<size_t>(kSplitChunk * Np));
-    } else {
-      sc.a16.resize(static_cast<size_t>(kSplitChunk * Mr));
-      sc.b16.resize(static_cast<size_t>(kSplitChunk * Np));
-    }
+    reserve_packing<F>(sc, kSplitChunk, Mr, Np);
   }
   run_team(nt, [&](int t, int T) {
     Scratch& sc = scratch[static_cast<size_t>(t)];
-    std::vector<int64_t>& c64 = sc.c64;
-    std::vector<int64_t>& cs = sc.cs;
-    std::vector<int8_t>&a8 = sc.a8, &b8 = sc.b8;
-    std::vector<int16_t>&a16 = sc.a16, &b16 = sc.b16;
     const int64_t c0 = chunks * t / T, c1 = chunks * (t + 1) / T;
     for (int64_t ch = c0; ch < c1; ++ch) {
       const int64_t k0 = ch * kSplitChunk;
-      const int64_t kc = std::min(kSplitChunk, p.K - k0);
-      const int64_t kcp = round_up(kc, 4);
-      const int8_t* asrc = p.a + k0 * a_sk;
-      const int8_t* bsrc = p.b + k0 * b_sk;
-      if constexpr (F::kBytes) {
-        pack_bytes(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a8.data());
-      } else {
-        pack_pairs16(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a16.data());
-      }
-      for (int64_t q = 0; q < panels; ++q) {
-        const int64_t n0 = q * F::kNR;
-        const int nc = static_cast<int>(std::min<int64_t>(F::kNR, p.N - n0));
-        const int nv = (nc + F::kLanes - 1) / F::kLanes;
-        TileArgs ta{};
-        ta.steps = kcp / F::kKStep;
-        ta.ldc64 = Np;
-        if constexpr (F::kBytes) {
-          int8_t* bp = b8.data() + q * kcp * F::kNR;
-          pack_bytes(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+      tiles_of_k_slice<F, true>(
+          p, k0, std::min(kSplitChunk, p.K - k0), Mr, panels, sc,
+          [&](TileArgs& ta, int64_t n0, int, const int8_t* packed, int64_t kcp) {
+            ta.ldc64 = Np;
 #if QT_X86_DISPATCH
-          colsum_vnni(bp, kcp / 4, cs.data() + n0);
+            if (packed != nullptr) colsum_vnni(packed, kcp / 4, sc.cs.data() + n0);
+#else
+            (void)n0, (void)packed, (void)kcp;
 #endif
-          ta.b = bp;
-          ta.ars = 4;
-          ta.aks = 4 * Mr;
-        } else {
-          int16_t* bp = b16.data() + q * kcp * F::kNR;
-          pack_pairs16(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
-          ta.b = bp;
-          ta.ars = 1;
-          ta.aks = Mr;
-        }
-        for (int64_t m0 = 0; m0 < p.M; m0 += kMR) {
-          const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
-          if constexpr (F::kBytes) {
-            ta.a = a8.data() + 4 * m0;
-          } else {
-            ta.a = a16.data() + 2 * m0;
-          }
-          ta.c64 = c64.data() + m0 * Np + n0;
-          pick<F, true>(rows, nv)(ta);
-        }
-      }
+          },
+          [&](TileArgs& ta, int64_t m0, int64_t n0) { ta.c64 = sc.c64.data() + m0 * Np + n0; });
     }
   });
   // sum the partials (integers: any order gives the same result)
@@ -841,8 +862,6 @@ QT_TARGET_AVX512 void block_term_avx512(const int32_t* c32, float* cf, const flo
 // ISA.
 template <class F>
 void gemm_tn_blocks(const Problem& p, int64_t block, const float* sa, const float* sb) {
-  int64_t a_sm, a_sk, b_sk, b_sn;
-  strides(p, a_sm, a_sk, b_sk, b_sn);
   const int64_t Mr = round_up(p.M, kMR);
   const int64_t panels = (p.N + F::kNR - 1) / F::kNR;
   const int64_t Np = panels * F::kNR;
@@ -869,73 +888,35 @@ void gemm_tn_blocks(const Problem& p, int64_t block, const float* sa, const floa
     sc.c32.assign(static_cast<size_t>(Mr * Np), 0);
     sc.corr.assign(static_cast<size_t>(Np), 0);
     sc.packed.cs.assign(static_cast<size_t>(F::kNR), 0);
-    if constexpr (F::kBytes) {
-      sc.packed.a8.resize(static_cast<size_t>(bp4 * Mr));
-      sc.packed.b8.resize(static_cast<size_t>(bp4 * Np));
-    } else {
-      sc.packed.a16.resize(static_cast<size_t>(bp4 * Mr));
-      sc.packed.b16.resize(static_cast<size_t>(bp4 * Np));
-    }
+    reserve_packing<F>(sc.packed, bp4, Mr, Np);
   }
   run_team(nt, [&](int t, int T) {
     BlockScratch& sc = scratch[static_cast<size_t>(t)];
-    std::vector<int8_t>&a8 = sc.packed.a8, &b8 = sc.packed.b8;
-    std::vector<int16_t>&a16 = sc.packed.a16, &b16 = sc.packed.b16;
     for (int64_t g = t; g < groups; g += T) {
       float* cf = partial.data() + g * Mr * Np;
       for (int64_t blk = blocks * g / groups; blk < blocks * (g + 1) / groups; ++blk) {
         const int64_t k0 = blk * block;
-        const int64_t kc = std::min(block, p.K - k0);
-        const int64_t kcp = round_up(kc, 4);
-        const int8_t* asrc = p.a + k0 * a_sk;
-        const int8_t* bsrc = p.b + k0 * b_sk;
-        if constexpr (F::kBytes) {
-          pack_bytes(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a8.data());
-        } else {
-          pack_pairs16(asrc, a_sk, a_sm, kc, 0, p.M, Mr, a16.data());
-        }
-        for (int64_t q = 0; q < panels; ++q) {
-          const int64_t n0 = q * F::kNR;
-          const int nc = static_cast<int>(std::min<int64_t>(F::kNR, p.N - n0));
-          const int nv = (nc + F::kLanes - 1) / F::kLanes;
-          TileArgs ta{};
-          ta.steps = kcp / F::kKStep;
-          ta.ldc = Np;
-          ta.ncols = nc;
-          ta.scale = 1.0f;
-          if constexpr (F::kBytes) {
-            int8_t* bp = b8.data() + q * kcp * F::kNR;
-            pack_bytes(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
+        tiles_of_k_slice<F, false>(
+            p, k0, std::min(block, p.K - k0), Mr, panels, sc.packed,
+            [&](TileArgs& ta, int64_t n0, int nc, const int8_t* packed, int64_t kcp) {
+              ta.ldc = Np;
+              ta.ncols = nc;
+              ta.scale = 1.0f;
+              ta.corr = sc.corr.data() + n0;
 #if QT_X86_DISPATCH
-            std::fill(sc.packed.cs.begin(), sc.packed.cs.end(), 0);
-            colsum_vnni(bp, kcp / 4, sc.packed.cs.data());
-            for (int c = 0; c < F::kNR; ++c) {  // mod 2^32, as the tiles' int32 sums wrap
-              sc.corr[n0 + c] =
-                  static_cast<int32_t>(static_cast<uint32_t>(128 * sc.packed.cs[c]));
-            }
+              if (packed != nullptr) {
+                std::fill(sc.packed.cs.begin(), sc.packed.cs.end(), 0);
+                colsum_vnni(packed, kcp / 4, sc.packed.cs.data());
+                for (int c = 0; c < F::kNR; ++c) {  // mod 2^32, as the tiles' int32 sums wrap
+                  sc.corr[n0 + c] =
+                      static_cast<int32_t>(static_cast<uint32_t>(128 * sc.packed.cs[c]));
+                }
+              }
+#else
+              (void)packed, (void)kcp;
 #endif
-            ta.b = bp;
-            ta.ars = 4;
-            ta.aks = 4 * Mr;
-          } else {
-            int16_t* bp = b16.data() + q * kcp * F::kNR;
-            pack_pairs16(bsrc, b_sk, b_sn, kc, n0, nc, F::kNR, bp);
-            ta.b = bp;
-            ta.ars = 1;
-            ta.aks = Mr;
-          }
-          ta.corr = sc.corr.data() + n0;
-          for (int64_t m0 = 0; m0 < p.M; m0 += kMR) {
-            const int rows = static_cast<int>(std::min<int64_t>(kMR, p.M - m0));
-            if constexpr (F::kBytes) {
-              ta.a = a8.data() + 4 * m0;
-            } else {
-              ta.a = a16.data() + 2 * m0;
-            }
-            ta.c32 = sc.c32.data() + m0 * Np + n0;
-            pick<F, false>(rows, nv)(ta);
-          }
-        }
+            },
+            [&](TileArgs& ta, int64_t m0, int64_t n0) { ta.c32 = sc.c32.data() + m0 * Np + n0; });
         term(sc.c32.data(), cf, sa + blk * p.M, sb + blk * p.N, p.M, p.N, Np);
       }
     }

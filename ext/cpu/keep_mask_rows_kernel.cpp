@@ -17,10 +17,6 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "common/rng.h"
 #include "cpu/isa.h"
 #include "cpu/threads.h"
@@ -112,17 +108,10 @@ at::Tensor keep_mask_rows(const at::Tensor& ids_in, int64_t width, int64_t thres
   const auto thr = static_cast<uint32_t>(threshold);
   const int nt = plan_threads(n, kGrain);
   const int64_t bytes = (n + 7) / 8;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-    const int t = 0, team = 1;
-#endif
-    // whole bytes per thread, so no two threads write one byte
-    const int64_t b0 = bytes * t / team, b1 = bytes * (t + 1) / team;
-    if (b1 > b0) keep_range(K, id, width, keys, thr, 8 * b0, std::min(n, 8 * b1), packed);
-  }
+  // whole bytes per thread, so no two threads write one byte
+  for_team_ranges(nt, bytes, [&](int, int64_t b0, int64_t b1) {
+    keep_range(K, id, width, keys, thr, 8 * b0, std::min(n, 8 * b1), packed);
+  });
   return out;
 }
 

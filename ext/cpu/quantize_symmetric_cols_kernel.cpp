@@ -39,10 +39,6 @@
 #include <tuple>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "common/rng.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
@@ -178,28 +174,22 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   std::vector<float> pre(static_cast<size_t>(nt) * ucols), inv(static_cast<size_t>(nt) * ucols);
   std::vector<char> bad(static_cast<size_t>(nt), 0);
   advise_huge_pages(qp, static_cast<size_t>(n));
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-    const int t = 0, team = 1;
-#endif
+for_team_ranges(nt, blocks, [&](int t, int64_t b0, int64_t b1) {
     uint32_t* m = absmax.data() + static_cast<size_t>(t) * ucols;
     float* pr = pre.data() + static_cast<size_t>(t) * ucols;
     float* iv = inv.data() + static_cast<size_t>(t) * ucols;
-    for (int64_t b = blocks * t / team; b < blocks * (t + 1) / team && !bad[t]; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const int64_t r0 = b * block, r1 = std::min(rows, r0 + block);
       std::fill(m, m + cols, 0u);
       k.absmax(xp, m, r0, r1, cols);
       if (*std::max_element(m, m + cols) >= 0x7f800000u) {
-        bad[t] = 1;  // NaN / Inf: refused after the region
-        break;
+        bad[static_cast<size_t>(t)] = 1;  // NaN / Inf: refused after the region
+        return;
       }
       column_params(m, cols, qmax, sp + b * cols, pr, iv);
       body(xp, qp, pr, iv, r0, r1, cols, qmax, keys, off);
     }
-  }
+  });
   TORCH_CHECK_VALUE(std::find(bad.begin(), bad.end(), 1) == bad.end(),
                     "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
                     "finite values");
@@ -228,16 +218,9 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   // pass 1: a [cols] partial absmax per thread (allocated here: nothing may throw inside the
   // parallel region, and a thread OpenMP does not start leaves a zero partial)
   std::vector<uint32_t> partial(static_cast<size_t>(nt) * ucols, 0u);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-    const int t = 0, team = 1;
-#endif
-    const int64_t r0 = rows * t / team, r1 = rows * (t + 1) / team;
-    if (r1 > r0) k.absmax(xp, partial.data() + static_cast<size_t>(t) * ucols, r0, r1, cols);
-  }
+for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
+    k.absmax(xp, partial.data() + static_cast<size_t>(t) * ucols, r0, r1, cols);
+  });
   uint32_t* m = partial.data();  // the combined absmax, in thread 0's partial
   for (int t = 1; t < nt; ++t) {
     const uint32_t* p = partial.data() + static_cast<size_t>(t) * ucols;
@@ -260,16 +243,9 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   const QuantizeFn body = stochastic ? k.stochastic : k.nearest;
   const float* prep = pre.data();
   const float* invp = inv.data();
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-    const int t = 0, team = 1;
-#endif
-    const int64_t r0 = rows * t / team, r1 = rows * (t + 1) / team;
-    if (r1 > r0) body(xp, qp, prep, invp, r0, r1, cols, qmax, keys, off);
-  }
+for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
+    body(xp, qp, prep, invp, r0, r1, cols, qmax, keys, off);
+  });
   return {q, scale};
 }
 

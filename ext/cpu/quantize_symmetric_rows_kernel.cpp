@@ -30,10 +30,6 @@
 #include <tuple>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "common/rng.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
@@ -145,16 +141,9 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_rows(const at::Tensor& x_i
 
   const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
   std::vector<uint32_t> worst(static_cast<size_t>(nt), 0u);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-#ifdef _OPENMP
-    const int t = omp_get_thread_num(), team = omp_get_num_threads();
-#else
-    const int t = 0, team = 1;
-#endif
-    const int64_t r0 = rows * t / team, r1 = rows * (t + 1) / team;
-    if (r1 > r0) worst[static_cast<size_t>(t)] = body(xp, qp, sp, r0, r1, cols, qmax, keys, off);
-  }
+for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
+    worst[static_cast<size_t>(t)] = body(xp, qp, sp, r0, r1, cols, qmax, keys, off);
+  });
   const uint32_t m = *std::max_element(worst.begin(), worst.end());
   TORCH_CHECK_VALUE(m < 0x7f800000u,
                     "qtrain::quantize_symmetric_rows: x contains NaN or Inf; quantization needs "

@@ -134,6 +134,22 @@ __device__ __forceinline__ int32_t quantize_one(float x, const QuantParams& p, f
   return static_cast<int32_t>(r);
 }
 
+// The stochastic-rounding uniform of counter c of a stream (its high word's block key hashed
+// here: for scattered counters; uniform4 reuses it for a run).
+__device__ __forceinline__ float uniform_at(const rng::Keys& keys, uint64_t c) {
+  const uint32_t kh = rng::block_key(keys, static_cast<uint32_t>(c >> 32));
+  return rng::to_unit(rng::bits_lo(keys.k1, kh, static_cast<uint32_t>(c)));
+}
+
+// q[i] = quantize_one(x[i]), stochastic rounding drawing counter offset + i.
+template <bool STOCH>
+__device__ __forceinline__ void quantize_at(const float* __restrict__ x, int8_t* __restrict__ q,
+                                            int64_t i, const QuantParams& p,
+                                            const rng::Keys& keys, uint64_t offset) {
+  const float u = STOCH ? uniform_at(keys, offset + static_cast<uint64_t>(i)) : 0.0f;
+  q[i] = static_cast<int8_t>(quantize_one<STOCH>(__ldg(x + i), p, u));
+}
+
 // Four consecutive counters c0 .. c0 + 3 of a stream: the block key of the high word
 // is hashed once (it changes only where the low word wraps).
 __device__ __forceinline__ void uniform4(const rng::Keys& keys, uint64_t c0, float (&u)[4]) {

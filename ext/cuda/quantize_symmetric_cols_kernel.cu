@@ -95,14 +95,7 @@ __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
   const int64_t step = static_cast<int64_t>(gridDim.y) * kRowsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock + threadIdx.y; r < rows;
        r += step) {
-    const int64_t i = r * cols + j;
-    float u = 0.0f;
-    if constexpr (STOCH) {
-      const uint64_t c = offset + static_cast<uint64_t>(i);
-      const uint32_t kh = rng::block_key(keys, static_cast<uint32_t>(c >> 32));
-      u = rng::to_unit(rng::bits_lo(keys.k1, kh, static_cast<uint32_t>(c)));
-    }
-    q[i] = static_cast<int8_t>(quantize_one<STOCH>(__ldg(x + i), p, u));
+    quantize_at<STOCH>(x, q, r * cols + j, p, keys, offset);
   }
 }
 
@@ -152,14 +145,7 @@ __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
       p.inv = inv[threadIdx.x];
       p.qmax = static_cast<float>(qmax);
       for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) {
-        const int64_t i = r * cols + j;
-        float u = 0.0f;
-        if constexpr (STOCH) {
-          const uint64_t c = offset + static_cast<uint64_t>(i);
-          const uint32_t kh = rng::block_key(keys, static_cast<uint32_t>(c >> 32));
-          u = rng::to_unit(rng::bits_lo(keys.k1, kh, static_cast<uint32_t>(c)));
-        }
-        q[i] = static_cast<int8_t>(quantize_one<STOCH>(__ldg(x + i), p, u));
+        quantize_at<STOCH>(x, q, r * cols + j, p, keys, offset);
       }
     }
     __syncthreads();  // part / pre / inv are reused by the next row block
