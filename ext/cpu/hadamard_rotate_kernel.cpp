@@ -190,7 +190,7 @@ at::Tensor hadamard_rotate(const at::Tensor& x_in, int64_t block) {
   const RowsFn body = kernels().rows;
 
   const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
-for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
+  for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
     body(xp, op, r0, r1, cols, padded, block, scale);
   });
   return out;

@@ -174,7 +174,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   std::vector<float> pre(static_cast<size_t>(nt) * ucols), inv(static_cast<size_t>(nt) * ucols);
   std::vector<char> bad(static_cast<size_t>(nt), 0);
   advise_huge_pages(qp, static_cast<size_t>(n));
-for_team_ranges(nt, blocks, [&](int t, int64_t b0, int64_t b1) {
+  for_team_ranges(nt, blocks, [&](int t, int64_t b0, int64_t b1) {
     uint32_t* m = absmax.data() + static_cast<size_t>(t) * ucols;
     float* pr = pre.data() + static_cast<size_t>(t) * ucols;
     float* iv = inv.data() + static_cast<size_t>(t) * ucols;
@@ -218,7 +218,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   // pass 1: a [cols] partial absmax per thread (allocated here: nothing may throw inside the
   // parallel region, and a thread OpenMP does not start leaves a zero partial)
   std::vector<uint32_t> partial(static_cast<size_t>(nt) * ucols, 0u);
-for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
+  for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
     k.absmax(xp, partial.data() + static_cast<size_t>(t) * ucols, r0, r1, cols);
   });
   uint32_t* m = partial.data();  // the combined absmax, in thread 0's partial
@@ -243,7 +243,7 @@ for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
   const QuantizeFn body = stochastic ? k.stochastic : k.nearest;
   const float* prep = pre.data();
   const float* invp = inv.data();
-for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
+  for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
     body(xp, qp, prep, invp, r0, r1, cols, qmax, keys, off);
   });
   return {q, scale};

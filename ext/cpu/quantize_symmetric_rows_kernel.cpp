@@ -141,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_rows(const at::Tensor& x_i
 
   const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
   std::vector<uint32_t> worst(static_cast<size_t>(nt), 0u);
-for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
+  for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
     worst[static_cast<size_t>(t)] = body(xp, qp, sp, r0, r1, cols, qmax, keys, off);
   });
   const uint32_t m = *std::max_element(worst.begin(), worst.end());
