@@ -28,10 +28,6 @@
 #include <cstring>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "common/sparse_operands.h"
 #include "cpu/isa.h"
 #include "cpu/lanes.h"
@@ -345,23 +341,9 @@ at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double s
   const auto run = wide ? K.edges_i64 : K.edges_i32;
   const int nt = plan_threads(E * (a.F + 4), 1 << 16);
   std::atomic<bool> ok{true};
-#ifdef _OPENMP
-  if (nt > 1) {
-#pragma omp parallel num_threads(nt)
-    {
-      const int64_t T = omp_get_num_threads();
-      const int64_t t = omp_get_thread_num();
-      const int64_t e0 = E * t / T;
-      const int64_t e1 = E * (t + 1) / T;
-      if (e0 < e1 && !run(op, a, e0, e1)) ok.store(false, std::memory_order_relaxed);
-    }
-  } else if (!run(op, a, 0, E)) {
-    ok.store(false);
-  }
-#else
-  (void)nt;
-  if (!run(op, a, 0, E)) ok.store(false);
-#endif
+  for_team_ranges(nt, E, [&](int, int64_t e0, int64_t e1) {
+    if (!run(op, a, e0, e1)) ok.store(false, std::memory_order_relaxed);
+  });
   TORCH_CHECK_VALUE(ok.load(), fn, ": an entry of lhs_index is outside [0, ", a.n_l,
                     ") (rows of q_lhs) or of rhs_index outside [0, ", a.n_r, ") (rows of q_rhs)");
   return out;
