@@ -58,10 +58,10 @@ from qtrain.train.activations import ActivationMeter
 
 WIDTH = 64
 # hector with every option, then tango's 8-bit products (a layer alone has no output layer
-# to keep in float32)
+# to keep in float32), in the inference rows too (tango evaluates in float32 by default)
 TANGO: dict[str, Any] = {
     "plugin": ["hector", "tango"],
-    "tango": {"fp32_before_softmax": False},
+    "tango": {"fp32_before_softmax": False, "evaluation": "quantized"},
 }
 Plugin = dict[str, Any] | None  # hector's options, a whole [quant] table, or no plugin
 BOTH = {"compact": True, "reorder": True}

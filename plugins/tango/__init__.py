@@ -7,7 +7,10 @@ and routes the dense products of ``GraphConv``, ``SAGEConv``, ``GATConv`` and
 autograd Functions. What stays float32, as in the paper: edge softmax, the
 model's output layer when ``fp32_before_softmax`` is on (its forward and its
 backward), the weight update, and any primitive variant the kernels do not
-cover (max/min reducers, broadcasting shapes, heterogeneous graphs): those run
+cover (max/min reducers, broadcasting shapes, heterogeneous graphs); and, with
+``evaluation = "fp32"`` (the default), every forward that records no gradient
+outside a backward (validation and test: the trained float32 weights are what is
+evaluated). Those run
 the float32 kernel underneath (DGL's own, or qtrain's device route where it is
 enabled, as on a GPU) and are counted as ``fp32`` in the run's ``kernels``
 table, so nothing falls back unseen.
@@ -77,6 +80,7 @@ FP32 = "fp32"
 # NaN / Inf cannot be quantized: such a primitive runs in float32, so a diverged step shows
 # the non-finite values it would show in float32 (and the run stops as diverged)
 NON_FINITE = "operand not finite"
+EVALUATION = 'evaluation (evaluation = "fp32")'
 # devices whose float32 operands are quantized: the op library has kernels for both; a
 # CUDA tensor reaches a graph primitive through qtrain's device route (DGL's CPU build
 # cannot run one), whose CSR views of the graph are then read on the GPU
@@ -143,11 +147,26 @@ class TangoConfig:
         "unsigned levels 0..2^bits-1 instead of the symmetric ones, half of which it cannot "
         "use (at 2 bits: 4 levels instead of 2)",
     )
+    affine: bool = option(
+        True,
+        "at 3 bits or fewer, a signed activation that a GEMM or SpMM reads by rows (a "
+        "linear layer's output, an ELU's) takes levels from its row's minimum to its "
+        "maximum (a zero point per row, corrected for in the product) instead of "
+        "symmetric ones, which round most of a row to 0 at 2 bits",
+    )
     cache: bool = option(
         True, "reuse quantized tensors between primitives and from forward to backward"
     )
     fp32_before_softmax: bool = option(
         True, "keep the model's output layer (it feeds the softmax) in float32"
+    )
+    evaluation: Literal["fp32", "quantized"] = option(
+        "fp32",
+        "how a forward that records no gradient (validation, test, a user's inference) "
+        "runs: fp32, DGL's float32 primitives on the float32 weights training keeps (the "
+        "accuracy of the model training made, what the checkpoint holds), or quantized, "
+        "at the training bit count (quantized inference: cheaper, and at 2-3 bits less "
+        "accurate than the model it runs)",
     )
     fp32_when_small: bool = option(
         True,
@@ -271,6 +290,7 @@ class TangoPlugin(Plugin):
                 rotation=cfg.rotation,
                 packed=cfg.packed,
                 unsigned=cfg.unsigned,
+                affine=cfg.affine,
                 seed=self.context.seed,
                 cache=QuantCache() if cfg.cache else None,
                 backend=cfg.backend,
@@ -385,6 +405,7 @@ class TangoPlugin(Plugin):
             scales=config.scales,
             rotation=config.rotation,
             unsigned=config.unsigned,
+            affine=config.affine,
             seed=seed,
             device=device,
         )
@@ -422,10 +443,22 @@ class TangoPlugin(Plugin):
 
         return make
 
+    def _evaluating(self) -> bool:
+        """Whether this call is part of an evaluation that ``evaluation = "fp32"`` runs in
+        float32: grad mode off outside any backward (DGL's backward passes call the
+        primitives with grad mode off too)."""
+        return (
+            self.config.evaluation == "fp32"
+            and not torch.is_grad_enabled()
+            and torch._C._current_graph_task_id() == -1
+        )
+
     def _why_not(self, gidx: Any, *tensors: Any) -> str | None:
         """Why a graph primitive must stay float32 here, or None if it can be quantized."""
         if self.fp32.active:
             return "output layer (fp32_before_softmax)"
+        if self._evaluating():
+            return EVALUATION
         if gidx.number_of_etypes() != 1:
             return "heterogeneous graph"
         if not float32_on(_DEVICES, *tensors):
@@ -468,10 +501,10 @@ class TangoPlugin(Plugin):
                 source = self.row_scaled.source(lhs)
                 bits = policy.bits_for(lhs, True, recording, source[0] if source else None)
                 kept = self.row_scaled.quantized_once(
-                    lhs, lambda y: policy.fresh(y, True, bits=bits), bits
+                    lhs, lambda y: policy.fresh(y, True, bits=bits, shifted=True), bits
                 )
                 if kept is not None:
-                    policy.store(lhs, kept, bits=bits)
+                    policy.store(lhs, kept, bits=bits, shifted=True)
                     self.row_scaled.used += 1
             return QuantSpMM.apply(policy, graph_csr(gidx, 0, lhs.device), lhs, None, recording)
         if op == "mul" and lhs.dim() in (2, 3) and _per_head_weight(lhs, rhs):
@@ -529,6 +562,8 @@ class TangoPlugin(Plugin):
         """Why a typed product (``segment_mm`` / ``gather_mm``) must stay float32, or None."""
         if self.fp32.active:
             return "output layer (fp32_before_softmax)"
+        if self._evaluating():
+            return EVALUATION
         if not float32_on(_DEVICES, a, b) or a.dim() != 2 or b.dim() != 3:
             return "operand not a float32 [N, K] x [R, K, M] pair on a supported device"
         return None
@@ -590,6 +625,9 @@ class TangoPlugin(Plugin):
         if self.fp32.active:
             self._fallback("gemm", "output layer (fp32_before_softmax)")
             return func(*args, **kwargs)
+        if self._evaluating():
+            self._fallback("gemm", EVALUATION)
+            return func(*args, **kwargs)
         if self.config.fp32_when_small and (small := payoff.gemm(x, w, linear)):
             self._fallback("gemm", small)
             return func(*args, **kwargs)
@@ -644,6 +682,11 @@ class TangoPlugin(Plugin):
             "unsigned": self.config.unsigned,
             # quantizations of nonnegative tensors that took the unsigned levels
             "unsigned_quantized": policy.unsigned_quantized if policy else 0,
+            "affine": self.config.affine,
+            # quantizations of signed activations that took affine levels (a zero point a row)
+            "affine_quantized": policy.affine_quantized if policy else 0,
+            # how evaluations ran: float32 primitives ("fp32") or at the training bit count
+            "evaluation": self.config.evaluation,
             # quantized operands stored two values a byte (at 4 bits or fewer)
             "operands_packed": policy.operands_packed if policy else 0,
             "cache": policy.cache.stats() if policy and policy.cache is not None else None,

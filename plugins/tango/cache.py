@@ -34,7 +34,26 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from qtrain.train.activations import note_copy
 
-Quantized = tuple[torch.Tensor, torch.Tensor]  # (q int8 or packed uint8, scale float32)
+
+class Quantized(tuple):  # type: ignore[type-arg]
+    """(q int8 or packed uint8, scale float32), read as ``q, s = value``, plus ``shift``:
+    None, or each row's zero point (``x.amin(-1, keepdim=True)``) where the values are
+    ``q * s + shift`` (the policy's affine levels); the products that ask for affine levels
+    add ``shift``'s share to what they compute from ``q * s``."""
+
+    shift: torch.Tensor | None
+
+    def __new__(
+        cls, q: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None = None
+    ) -> Quantized:
+        value = super().__new__(cls, (q, scale))
+        value.shift = shift
+        return value
+
+    @staticmethod
+    def of(value: tuple[torch.Tensor, torch.Tensor]) -> Quantized:
+        """``value`` as a Quantized (a plain pair has no shift)."""
+        return value if isinstance(value, Quantized) else Quantized(*value)
 
 
 def _fingerprint(x: torch.Tensor) -> tuple[object, ...]:
@@ -92,8 +111,9 @@ class QuantCache:
                 self.hits += 1
                 return entry.value
         value = quantize(x)
-        for part in value:
-            note_copy(part, x)
+        for part in (*value, getattr(value, "shift", None)):
+            if part is not None:
+                note_copy(part, x)
         with self._lock:
             self.misses += 1
             self._store(key, x, fingerprint, settings, value)

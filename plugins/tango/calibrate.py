@@ -61,22 +61,35 @@ def error_x_by_bits(
     scales: str = "tensor",
     rotation: int = 0,
     unsigned: bool = False,
+    affine: bool = False,
 ) -> dict[int, float]:
     """Error_X of x quantized at each bit count 2..8 as the run will quantize it at that
     count: one scale for x, one per row, or (``rotation`` > 0) one per row of x with its
     last dimension rotated, rotated back to x's values before comparing; with ``unsigned``,
-    a nonnegative x at 3 bits or fewer on the unsigned levels (the policy's rule)."""
+    a nonnegative x at 3 bits or fewer on the unsigned levels, with ``affine`` (one scale
+    per row, no rotation) a signed x at 3 bits or fewer as ``x - m`` on them, ``m`` each
+    row's minimum (the policy's rules)."""
     table: dict[int, float] = {}
     block = rotation_block(rotation, x.shape[-1]) if rotation and x.dim() == 2 else 0
     target = hadamard_rotate(x, block) if block else x
-    nonnegative = unsigned and target.numel() > 0 and bool((target.amin() >= 0).item())
+    nonnegative = target.numel() > 0 and bool((target.amin() >= 0).item())
+    per_row = resolve_scales(scales) in ("row", "block") and x.dim() >= 2
+    shift = (
+        x.amin(-1, keepdim=True)
+        if affine and per_row and not block and x.numel() > 0 and not nonnegative
+        else None
+    )
     for bits in range(MIN_BITS, MAX_BITS + 1):
-        levels = bits + 1 if nonnegative and bits <= UNSIGNED_MAX_BITS else bits
-        if resolve_scales(scales) in ("row", "block") and x.dim() >= 2:
-            q, scale = quantize_per_row(target, levels, rounding, seed=seed)
+        few = bits <= UNSIGNED_MAX_BITS
+        levels = bits + 1 if few and ((unsigned and nonnegative) or shift is not None) else bits
+        shifted = target - shift if few and shift is not None else target
+        if per_row:
+            q, scale = quantize_per_row(shifted, levels, rounding, seed=seed)
         else:
-            q, scale = quantize(target, levels, rounding, seed=seed)
+            q, scale = quantize(shifted, levels, rounding, seed=seed)
         x_hat = dequantize(q, scale)
+        if shifted is not target:
+            x_hat = x_hat + shift
         if block:  # the normalised Hadamard matrix is its own inverse
             x_hat = hadamard_rotate(x_hat, block)[:, : x.shape[-1]]
         table[bits] = error_x(x, x_hat)
@@ -224,6 +237,7 @@ def calibrate_model(
     scales: str = "tensor",
     rotation: int = 0,
     unsigned: bool = False,
+    affine: bool = False,
     seed: int = 0,
     device: torch.device | None = None,
 ) -> Calibration:
@@ -238,7 +252,7 @@ def calibrate_model(
         raise QtrainError(f"the calibration target must be > 0, got {target}")
     with dispatch.COUNTER.set_aside():  # the trial steps' kernel calls are not the run's
         x = first_layer_output(model, graph, device)
-        errors = error_x_by_bits(x, rounding, seed, scales, rotation, unsigned)
+        errors = error_x_by_bits(x, rounding, seed, scales, rotation, unsigned, affine)
         gradient = (
             {}
             if quantized_at is None

@@ -268,10 +268,13 @@ class RowQuantLinear(torch.autograd.Function):
         recording: bool,
     ) -> torch.Tensor:  # type: ignore[override]
         rows, columns = _sides(policy)
-        qx, sx = policy.cached(x, recording, rows)
+        value = policy.cached(x, recording, rows, shifted=True)
+        qx, sx = value
         qw, sw = policy.cached(w, recording, rows if linear else columns)
         layout = "nt" if linear or policy.rotation else "nn"
         out = int8_gemm(qx, qw, sx, sw, layout, bias, policy.backend)
+        if value.shift is not None:
+            _add_gemm_shift(out, value.shift, qw, sw, layout)
         needs = ctx.needs_input_grad  # (policy, x, w, bias, linear, recording)
         ctx.policy, ctx.linear, ctx.has_bias = policy, linear, bias is not None
         ctx.keeps_quantized = policy.cache is not None
@@ -349,6 +352,16 @@ class RowQuantLinear(torch.autograd.Function):
                 x = hadamard_rotate(x, block, policy.backend)[:, : grad.shape[0]].t()
             dw = grad.t() @ x if ctx.linear else x.t() @ grad
         return None, dx, dw, QuantLinear._bias_grad(ctx, grad), None, None
+
+
+def _add_gemm_shift(
+    out: torch.Tensor, shift: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, layout: str
+) -> None:
+    """Add to ``out = (q s) W`` the share of X's zero points (affine levels: X = q s + m):
+    ``m`` times the sums of the dequantized W over the dimension the product sums (W
+    [N, K] for "nt", [K, N] for "nn"), so out is what the dequantized operands make."""
+    sums = dequantize(qw, sw).sum(1 if layout == "nt" else 0)
+    out.addmm_(shift, sums.unsqueeze(0))
 
 
 def _sides(policy: QuantPolicy) -> tuple[str, str]:
@@ -459,6 +472,18 @@ def _gather_sum(
     return qspmm(indptr, indices, q, s, weight, eids, policy.backend)
 
 
+def _spread_shift(
+    csr: GraphCSR, shift: torch.Tensor, weight: torch.Tensor | None, like: torch.Tensor
+) -> torch.Tensor:
+    """The share of the gathered rows' zero points (affine levels, ``shift`` [N, 1] or
+    [N, H, 1]) in each destination's (edge-weighted) sum, shaped to add to ``like``."""
+    messages = shift.index_select(0, csr.src.long())
+    if weight is not None:
+        messages = messages * weight
+    total = like.new_zeros((like.shape[0], *messages.shape[1:]))
+    return total.index_add_(0, csr.dst.long(), messages)
+
+
 class QuantSpMM(torch.autograd.Function):
     """Sum aggregation of ``copy_u`` (node to node) or ``u_mul_e`` messages."""
 
@@ -466,21 +491,26 @@ class QuantSpMM(torch.autograd.Function):
     def forward(
         ctx: Any, policy: QuantPolicy, csr: GraphCSR, x: torch.Tensor, w: Any, recording: bool
     ) -> torch.Tensor:  # type: ignore[override]
-        qx, sx = policy.cached(x, recording, ROWS, packed=True)
+        value = policy.cached(x, recording, ROWS, packed=True, shifted=True)
+        qx, sx = value
         ctx.width = x.shape[-1]
         out = _gather_sum(
             policy, csr.in_indptr, csr.in_indices, (qx, sx), ctx.width, w, csr.in_eids
         )
+        if value.shift is not None:
+            out.add_(_spread_shift(csr, value.shift, w, out))
         ctx.csr = csr
         ctx.w_shape = None if w is None else w.shape
         # only the weight's gradient reads x (dX is the transposed aggregation of the gradient)
         x_needed = w is not None and ctx.needs_input_grad[3]
+        # the zero points of x's affine levels, for the kept quantization (cache on)
+        shift = value.shift if x_needed and policy.cache is not None else None
         _saved(
             ctx,
             policy,
             (x,),
             ((qx, sx),),
-            (None if w is None else w.detach(),),
+            (None if w is None else w.detach(), shift),
             needed=(x_needed,),
         )
         return out
@@ -494,7 +524,7 @@ class QuantSpMM(torch.autograd.Function):
         csr: GraphCSR = ctx.csr
         policy: QuantPolicy = ctx.policy
         qg, sg = policy.gradient(grad.contiguous(), packed=True)
-        stored, (w,) = _unpacked(ctx)
+        stored, (w, shift) = _unpacked(ctx)
         dx = dw = None
         if ctx.needs_input_grad[2]:
             dx = _gather_sum(
@@ -505,6 +535,9 @@ class QuantSpMM(torch.autograd.Function):
             qx, sx = policy.unpacked((qx, sx), ctx.width)  # the SDDMM reads int8
             qg, sg = policy.unpacked((qg, sg), grad.shape[-1])
             dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
+            if shift is not None:  # x = q s + m: m times the sum of each gradient row
+                sums = dequantize(qg, sg).sum(-1, keepdim=True).index_select(0, csr.dst.long())
+                dots = dots + shift.index_select(0, csr.src.long()) * sums
             dw = _reduce_to(dots, ctx.w_shape)
         return None, None, dx, dw, None
 
@@ -512,7 +545,7 @@ class QuantSpMM(torch.autograd.Function):
     def _fp32_grads(ctx: Any, grad: torch.Tensor) -> Grads:
         csr: GraphCSR = ctx.csr
         src, dst = csr.src.long(), csr.dst.long()
-        (w,) = _unpacked(ctx)[1]
+        w, shift = _unpacked(ctx)[1]
         grad_e = grad.index_select(0, dst)  # each edge's destination gradient
         dx = dw = None
         if ctx.needs_input_grad[2]:
@@ -520,6 +553,8 @@ class QuantSpMM(torch.autograd.Function):
             dx = grad.new_zeros((csr.num_src, *grad.shape[1:])).index_add_(0, src, messages)
         if w is not None and ctx.needs_input_grad[3]:
             (x,) = _floats(ctx, (ctx.width,))
+            if shift is not None:
+                x = x + shift
             dots = (x.index_select(0, src) * grad_e).sum(-1, keepdim=True)
             dw = _reduce_to(dots, ctx.w_shape)
         return None, None, dx, dw, None

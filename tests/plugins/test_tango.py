@@ -220,9 +220,10 @@ def test_a_gradient_shared_by_two_products_is_quantized_once(
         constant: bool = False,
         by: str = "rows",
         bits: int | None = None,
+        shifted: bool = False,
     ) -> Any:
         made.append(tuple(x.shape))
-        return real(self, x, constant, by, bits)
+        return real(self, x, constant, by, bits, shifted)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
     torch.manual_seed(0)
@@ -331,10 +332,11 @@ def refused_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
         constant: bool = False,
         by: str = "rows",
         bits: int | None = None,
+        shifted: bool = False,
     ) -> Any:
         if inside_kernel():
             raise NonFiniteOperand("operand holds NaN or Inf")
-        return real(self, x, constant, by, bits)
+        return real(self, x, constant, by, bits, shifted)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
 
@@ -596,7 +598,7 @@ def test_fp32_before_softmax_off_quantizes_the_output_layer(
     tango_recipe: Callable[..., Path],
 ) -> None:
     on = _run(tango_recipe())
-    off = _run(tango_recipe("fp32_before_softmax = false"))
+    off = _run(tango_recipe('fp32_before_softmax = false\nevaluation = "quantized"'))
     assert "fp32" in on["kernels"]["gemm"]
     assert "fp32" not in off["kernels"]["gemm"]
     assert on["plugin_reports"]["tango"]["fp32_before_softmax"] is True
@@ -740,10 +742,14 @@ def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[tuple[int, ...], 
     real = policy.fresh
 
     def fresh(
-        t: torch.Tensor, constant: bool = False, by: str = "rows", bits: int | None = None
+        t: torch.Tensor,
+        constant: bool = False,
+        by: str = "rows",
+        bits: int | None = None,
+        shifted: bool = False,
     ) -> Any:
         made.append((tuple(t.shape), policy.granularity(t, by)))
-        return real(t, constant, by, bits)
+        return real(t, constant, by, bits, shifted)
 
     policy.fresh = fresh  # type: ignore[method-assign]
     return made
@@ -797,10 +803,14 @@ def test_graphconv_aggregating_first_quantizes_its_scaled_input_once() -> None:
         real = policy.fresh
 
         def fresh(
-            t: torch.Tensor, constant: bool = False, by: str = "rows", bits: int | None = None
+            t: torch.Tensor,
+            constant: bool = False,
+            by: str = "rows",
+            bits: int | None = None,
+            shifted: bool = False,
         ) -> Any:
             made.append(t.clone())
-            return real(t, constant, by, bits)
+            return real(t, constant, by, bits, shifted)
 
         policy.fresh = fresh  # type: ignore[method-assign]
         for _ in range(3):

@@ -43,11 +43,15 @@ def _recorded_levels(policy: QuantPolicy) -> list[tuple[tuple[int, ...], int]]:
     real = policy.fresh
 
     def fresh(
-        t: torch.Tensor, constant: bool = False, by: str = "rows", bits: int | None = None
+        t: torch.Tensor,
+        constant: bool = False,
+        by: str = "rows",
+        bits: int | None = None,
+        shifted: bool = False,
     ) -> Any:
-        q, s = real(t, constant, by, bits)
-        made.append((tuple(t.shape), _levels(q)))
-        return q, s
+        value = real(t, constant, by, bits, shifted)
+        made.append((tuple(t.shape), _levels(value[0])))
+        return value
 
     policy.fresh = fresh  # type: ignore[method-assign]
     return made
@@ -144,7 +148,9 @@ def test_graphconv_aggregating_first_keeps_its_scaled_input_at_input_bits() -> N
     g = dgl.rand_graph(50, 260)
     conv = GraphConv(6, 32, norm="both", allow_zero_in_degree=True)
     x = torch.randn(g.num_nodes(), 6)
-    with qtrain.patch("tango", bits=4, input_bits=8, rounding="nearest") as session:
+    with qtrain.patch(
+        "tango", bits=4, input_bits=8, rounding="nearest", evaluation="quantized"
+    ) as session:
         policy = session.plugins[0].policy
         made = _recorded_levels(policy)
         for _ in range(2):

@@ -7,7 +7,8 @@ runs use the same seeds and are shared with the other accuracy tests. The defaul
 ``scales = "auto"`` quantizes with one scale per row, and the weight gradient with one per
 block of 64 nodes of each column (one per tensor lost 5.6 points on Cora GCN and 3.1 on
 Cora GAT at 4 bits, the issue's table), and the defaults
-``input_bits = weight_bits = 8`` keep the node features and the weights at 8 bits.
+``input_bits = weight_bits = 8`` keep the node features and the weights at 8 bits;
+``evaluation = "fp32"`` evaluates the trained weights with the float32 primitives.
 Reads ../shared/datasets (skipped without it). ``pytest -s`` prints the table.
 """
 
@@ -36,6 +37,8 @@ def test_tango_low_bits_stay_near_fp32(example: str, bits: int, example_runs: Ex
     for summary in example_runs.summaries(example, sets):
         report = summary["plugin_reports"]["tango"]
         assert report["bits"] == bits and report["scales"] == "block", report
+        # the trained float32 weights are what is evaluated (the default)
+        assert report["evaluation"] == "fp32", report
         # the features and weights at 8 bits (the defaults), the rest at bits
         assert (report["input_bits"], report["weight_bits"]) == (8, 8), report
         assert report["step_inputs_quantized"] > 0 and report["weights_quantized"] > 0, report
