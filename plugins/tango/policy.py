@@ -245,13 +245,18 @@ class QuantPolicy:
                     self.weights_quantized += 1
                 else:
                     self.step_inputs_quantized += 1
-        shift = self._row_minimum(x) if shifted and self.shifts(x, by, bits) else None
+        low = self._row_minimum(x) if shifted and self.shifts(x, by, bits) else None
+        # the row minima tell a nonnegative x apart too: no second pass for the sign
+        nonnegative = None if low is None else bool((low >= 0).all())
+        shift = low if nonnegative is False else None
         by = self.granularity(x, by)
         if shift is None:
             target = self._rotated(x, by)
-            bits = self._levels(target, bits)
+            bits = self._levels(target, bits, nonnegative)
         else:  # x - m is nonnegative: the unsigned levels of bits (module doc)
             target, bits = x - shift, bits + 1
+            with self._lock:
+                self.affine_quantized += 1
         seed, offset = self.seed, 0
         if self.rounding == "stochastic":
             if constant:
@@ -277,17 +282,13 @@ class QuantPolicy:
             and self.granularity(x, by) == ROWS
         )
 
-    def _row_minimum(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Each row's minimum (``[..., 1]``) where x has a negative value (NaN counts, so
-        the quantizer refuses it), else None: a nonnegative x takes the unsigned levels."""
+    @staticmethod
+    def _row_minimum(x: torch.Tensor) -> torch.Tensor | None:
+        """Each row's minimum (``[..., 1]``; NaN where a row holds one, which the quantizer
+        then refuses), or None for an empty x."""
         if x.numel() == 0:
             return None
-        low = x.detach().amin(-1, keepdim=True)
-        if bool((low >= 0).all()):
-            return None
-        with self._lock:
-            self.affine_quantized += 1
-        return low
+        return x.detach().amin(-1, keepdim=True)
 
     @property
     def per_row(self) -> bool:
@@ -302,13 +303,16 @@ class QuantPolicy:
             return ROTATED_COLUMNS
         return NODE_BLOCKS if self.scales == "block" else COLUMNS
 
-    def _levels(self, x: torch.Tensor, bits: int) -> int:
+    def _levels(self, x: torch.Tensor, bits: int, nonnegative: bool | None = None) -> int:
         """The symmetric bit count that quantizes x: ``bits + 1`` (the unsigned levels of
         ``bits``, module doc) for a tensor without negative values where ``unsigned`` and
-        ``bits <= UNSIGNED_MAX_BITS``, else ``bits``. NaN never passes the test."""
+        ``bits <= UNSIGNED_MAX_BITS``, else ``bits``. NaN never passes the test.
+        ``nonnegative``: the sign test's answer where the caller has it already."""
         if not self.unsigned or bits > UNSIGNED_MAX_BITS or x.numel() == 0:
             return bits
-        if not bool((x.amin() >= 0).item()):
+        if nonnegative is None:
+            nonnegative = bool((x.amin() >= 0).item())
+        if not nonnegative:
             return bits
         with self._lock:
             self.unsigned_quantized += 1
