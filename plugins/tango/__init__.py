@@ -117,8 +117,9 @@ class TangoConfig:
     )
     scales: Literal["auto", "tensor", "row", "block"] = option(
         "auto",
-        "one scale per tensor (the paper's), one per row (per node for the features a GEMM "
-        "or SpMM reads, per output feature for a weight: finer levels), block: per row, and "
+        "one scale per tensor (the paper's), one per row (per node, or node and head, for the "
+        "features a GEMM or SpMM reads, per output feature for a weight: finer levels), "
+        "block: per row, and "
         "the weight gradient's operands (summed over every node) one scale per block of "
         "scale_block nodes of each column instead of one per column; or auto: what "
         "measures best",

@@ -55,8 +55,10 @@ def quantize_per_row(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric quantization with one scale per row of a 2-d x: ``(q int8, scale float32
     [rows, 1])``, x ~ q * scale (the scale broadcasts over the row). An x of more
-    dimensions has one scale per index of its first (a node's ``[H, D]`` block): q of x's
-    shape, scale ``[rows, 1, ..., 1]``.
+    dimensions has one scale per row of its last dimension (a node's head ``[N, H, D]``:
+    scale ``[N, H, 1]``): heads are separate linear maps whose ranges differ, and one scale
+    for a node's heads left a small head few levels at 2 bits (README, "One scale per node
+    and head"). q has x's shape.
 
     Every row is ``quantize_symmetric`` of that row with the counters of its elements' flat
     indices in x (``offset + i * cols + j``): the reference is
@@ -64,8 +66,10 @@ def quantize_per_row(
     """
     xf = ref.as_float32(x)
     if xf.dim() > 2:
-        q, scale = quantize_per_row(xf.flatten(1), bits, rounding, seed, offset, backend)
-        return q.view(xf.shape), scale.view(xf.shape[0], *[1] * (xf.dim() - 1))
+        width = xf.shape[-1]
+        rows = xf.reshape(-1, width) if width else xf.reshape(xf.shape[:-1].numel(), 0)
+        q, scale = quantize_per_row(rows, bits, rounding, seed, offset, backend)
+        return q.view(xf.shape), scale.view(*xf.shape[:-1], 1)
     chosen = dispatch.resolve("quantize_rows", xf, backend, kernels=ROW_QUANTIZE_KERNELS)
     with dispatch.call("quantize_rows", chosen):
         if chosen == "reference":

@@ -270,19 +270,26 @@ def reference_qspmm(
 
 
 def row_scales(fn: str, name: str, scale: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """One scale per row of q (``[N]``, ``[N, 1]`` or ``[N, 1, 1]``) as float32 ``[N]``;
-    ValueError / TypeError naming the problem otherwise."""
+    """One scale per row of q as float32 ``[N, k]``: ``[N]``, ``[N, 1]`` or ``[N, 1, 1]``
+    (one a node: k = 1), or for q ``[N, H, D]`` also ``[N, H]`` / ``[N, H, 1]`` (one a node
+    and head, what ``quantize_per_row`` gives a 3-d tensor: k = H); ValueError /
+    TypeError naming the problem otherwise."""
     t = _check_dense(fn, name, scale)
     if t.dtype != torch.float32:
         raise TypeError(f"{fn}: {name} must be float32, got {_dtype_name(t.dtype)}")
-    rows = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() >= 1 else -1
-    if t.dim() == 0 or t.shape[0] != rows or any(d != 1 for d in t.shape[1:]):
+    is_tensor = isinstance(q, torch.Tensor)
+    rows = q.shape[0] if is_tensor and q.dim() >= 1 else -1
+    heads = q.shape[1] if is_tensor and q.dim() == 3 else 1
+    per_head = t.dim() in (2, 3) and t.shape[1] == heads and all(d == 1 for d in t.shape[2:])
+    per_node = all(d == 1 for d in t.shape[1:])
+    if t.dim() == 0 or t.shape[0] != rows or not (per_node or per_head):
+        per_head_shapes = f", [{rows}, {heads}] or [{rows}, {heads}, 1]" if heads > 1 else ""
         raise ValueError(
-            f"{fn}: {name} must be one value or one per row of the quantized tensor ({rows}), "
-            f"got shape {list(t.shape)}"
+            f"{fn}: {name} must be one value, one per row of the quantized tensor ([{rows}], "
+            f"[{rows}, 1]{per_head_shapes}), got shape {list(t.shape)}"
         )
     _check_device(fn, name, t, "q", q)
-    return t.reshape(rows)
+    return t.reshape(rows, heads if per_head and not per_node else 1)
 
 
 def reference_qspmm4(
@@ -323,7 +330,7 @@ def _fold_row_scales(
     heads = rows.shape[1] if rows.dim() == 3 else 1
     w = _heads_weight(weight, heads)
     entry_w = w if eids is None else w[eids.to(torch.int64)]
-    return 1.0, entry_w[: indices.numel()] * scale_rows[indices.to(torch.int64), None], None
+    return 1.0, entry_w[: indices.numel()] * scale_rows[indices.to(torch.int64)], None
 
 
 def qspmm(
@@ -337,12 +344,13 @@ def qspmm(
 ) -> torch.Tensor:
     """Sum (optionally edge-weighted) of quantized input rows into each output row; see module doc.
 
-    ``scale`` is one scale for all of q, or one per row of q (``[N_in]``, ``[N_in, 1]``...,
-    as ``qtrain.ops.quantize.quantize_per_row`` gives): the scale then varies along the
+    ``scale`` is one scale for all of q, or one per row of q (``[N_in]``, ``[N_in, 1]``...;
+    for q ``[N_in, H, D]`` also one per node and head, ``[N_in, H, 1]``, as
+    ``qtrain.ops.quantize.quantize_per_row`` gives): the scale then varies along the
     sum, which becomes the weighted form with entry k's weight ``s[indices[k]]`` (times
-    its edge weight, ``fl32(w[eids[k]] * s[indices[k]])``) and an output scale of 1.
-    Without edge weights no E-sized tensor is made: the op reads the weight of entry k
-    at ``indices[k]``.
+    its edge weight, ``fl32(w[eids[k]] * s[indices[k]])``; per head where either is) and
+    an output scale of 1. Without edge weights no E-sized tensor is made: the op reads
+    the weight of entry k at ``indices[k]``.
     """
     scale, weight, eids = _fold_row_scales("qspmm", indptr, indices, q, scale, weight, eids)
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
@@ -431,8 +439,9 @@ def qsddmm(
 ) -> torch.Tensor:
     """Per-edge op on a gathered pair of quantized rows; see the module docstring.
 
-    A scale may be one per row of its tensor (as in :func:`qspmm`): each edge then takes
-    its rows' scales, ``s_l[i]`` and ``s_r[j]``, in the same formulas (mul and dot: the
+    A scale may be one per row of its tensor (as in :func:`qspmm`; per node and head for
+    ``[N, H, D]`` rows): each edge then takes its rows' scales, ``s_l[i]`` and ``s_r[j]``
+    (per head where either is), in the same formulas (mul and dot: the
     integer result times ``fl32(s_l[i] * s_r[j])``, applied after the op runs with scales
     of 1; add and sub: the rows dequantized, then gathered and added by PyTorch, which the
     kernel counter records as the "reference" backend)."""
@@ -457,7 +466,8 @@ def _dequantized_rows(name: str, scale: torch.Tensor | float, q: torch.Tensor) -
     if per_tensor(scale):
         s = torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
     else:
-        s = row_scales("qsddmm", name, scale, q).reshape(-1, *[1] * (q.dim() - 1))
+        s = row_scales("qsddmm", name, scale, q)
+        s = s.reshape(*s.shape, *[1] * (q.dim() - 2))
     return q.to(torch.float32) * s
 
 
@@ -468,8 +478,8 @@ def _edge_scales(
     per-edge result ``[E, ...]`` (one scale: the 0-d scale itself)."""
     if per_tensor(scale):
         return torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
-    rows = row_scales("qsddmm", name, scale, q)
-    return rows[index.to(torch.int64)].reshape(-1, *[1] * (q.dim() - 1))
+    edges = row_scales("qsddmm", name, scale, q)[index.to(torch.int64)]  # [E, 1 or H]
+    return edges.reshape(*edges.shape, *[1] * (q.dim() - 2))
 
 
 def _qsddmm(

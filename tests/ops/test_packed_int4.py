@@ -173,7 +173,8 @@ def test_qspmm4_threads_on_a_larger_graph(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_qspmm_packed_front(device: str) -> None:
-    """Per-row scales (with and without edge weights, 2-d and 3-d) as qspmm does them; every
+    """Per-row scales (with and without edge weights, 2-d and 3-d, per node and per node and
+    head) as qspmm does them; every
     backend; counted as the primitive "spmm"."""
     indptr, indices = csr(40, 30, 5, "powerlaw", seed=2)
     nnz = indices.numel()
@@ -185,7 +186,11 @@ def test_qspmm_packed_front(device: str) -> None:
         w = torch.randn(nnz, heads, generator=gen(4))
         eids = torch.randperm(nnz, generator=gen(5))
         ip, ix, qd, pd, sd, wd, ed = _on(device, indptr, indices, q, packed, s, w, eids)
-        for scale, weight, e in ((0.5, None, None), (sd, None, None), (sd, wd, ed), (sd, wd, None)):
+        cases = [(0.5, None, None), (sd, None, None), (sd, wd, ed), (sd, wd, None)]
+        if heads > 1:  # one scale per node and head
+            (sh,) = _on(device, torch.rand(30, heads, 1, generator=gen(6)) + 0.1)
+            cases += [(sh, None, None), (sh, wd, ed)]
+        for scale, weight, e in cases:
             want = qspmm(ip, ix, qd, scale, weight, e)
             for backend in ("auto", "reference"):
                 got = qspmm_packed(ip, ix, pd, width, scale, weight, e, backend=backend)

@@ -102,9 +102,13 @@ def test_int8_gemm_refuses_bad_row_scales(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["uniform", "powerlaw", "zeros", "empty"])
-@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize(("heads", "per"), [(1, "node"), (3, "node"), (3, "head")])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_qspmm_with_row_scales(device: str, kind: str, heads: int, weighted: bool) -> None:
+def test_qspmm_with_row_scales(
+    device: str, kind: str, heads: int, weighted: bool, per: str
+) -> None:
+    """One scale per node, or (rows [N, H, D]) per node and head: each entry's weight
+    takes its row's scale, per head where either is."""
     rows, n_in, width = 40, 23, 7
     if kind == "empty":
         indptr, indices = (
@@ -115,14 +119,15 @@ def test_qspmm_with_row_scales(device: str, kind: str, heads: int, weighted: boo
         indptr, indices = csr(rows, n_in, 6, kind, seed=5)
     nnz = indices.numel()
     q = _q((n_in, width) if heads == 1 else (n_in, heads, width), 6)
-    s = _scales(n_in, 7)
-    scale = s.reshape(n_in, *[1] * (q.dim() - 1))
+    s = _scales(n_in, 7) if per == "node" else _scales(n_in * heads, 7).reshape(n_in, heads)
+    scale = s.reshape(n_in, *[1] * (q.dim() - 1)) if per == "node" else s[:, :, None]
     eids = torch.randperm(nnz, generator=torch.Generator().manual_seed(8)) if weighted else None
     weight = (
         torch.rand(nnz, heads, generator=torch.Generator().manual_seed(9)) if weighted else None
     )
     # the kernels' order of additions with each entry's weight
-    per_entry = s[indices] if weight is None else weight[eids] * s[indices][:, None]
+    entry_s = s[indices] if per == "head" else s[indices][:, None]
+    per_entry = entry_s if weight is None else weight[eids] * entry_s
     want = kernel_order_weighted(indptr, indices, q, 1.0, per_entry, None)
     close = torch.zeros_like(want)
     magnitude = torch.zeros_like(want)  # sum of |terms|: what float32 rounding scales with
@@ -154,13 +159,23 @@ def test_qspmm_refuses_bad_row_scales(device: str) -> None:
     indptr, indices = (t.to(dev) for t in csr(5, 4, 2, "uniform", seed=1))
     q = _q((4, 3), 2).to(dev)
     for scale, error, match in (
-        (torch.ones(5, device=dev), ValueError, r"one per row of the quantized tensor \(4\)"),
+        (torch.ones(5, device=dev), ValueError, r"one per row of the quantized tensor \(\[4\]"),
         (torch.ones(4, 3, device=dev), ValueError, r"got shape \[4, 3\]"),
         (torch.ones(4, dtype=torch.float16, device=dev), TypeError, "scale must be float32"),
         (torch.ones(4, device="meta"), ValueError, "scale is on meta"),
     ):
         with pytest.raises(error, match=match):
             qspmm(indptr, indices, q, scale)
+    q3 = _q((4, 2, 3), 2).to(dev)  # per node and head: [4, 2] or [4, 2, 1], not [4, 3]
+    for scale in (torch.ones(4, 2, device=dev), torch.ones(4, 2, 1, device=dev)):
+        qspmm(indptr, indices, q3, scale)
+    for scale, match in (
+        (torch.ones(4, 3, 1, device=dev), r"\[4, 2\] or \[4, 2, 1\]\), got shape \[4, 3, 1\]"),
+        (torch.ones(4, 2, 2, device=dev), r"got shape \[4, 2, 2\]"),
+        (torch.ones(4, 1, 2, device=dev), r"got shape \[4, 1, 2\]"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            qspmm(indptr, indices, q3, scale)
     bad = indices.clone()
     bad[0] = 4  # out of range: refused before the weights are gathered by it
     with pytest.raises(ValueError, match="outside"):
@@ -178,9 +193,10 @@ def test_qspmm_refuses_bad_row_scales(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "dot"])
-@pytest.mark.parametrize("heads", [1, 2])
+@pytest.mark.parametrize(("heads", "per"), [(1, "node"), (2, "node"), (2, "head")])
 @pytest.mark.parametrize("which", ["both", "lhs", "rhs"])
-def test_qsddmm_with_row_scales(device: str, op: str, heads: int, which: str) -> None:
+def test_qsddmm_with_row_scales(device: str, op: str, heads: int, which: str, per: str) -> None:
+    """Per-row scales (per node, or per node and head for [N, H, D] rows) on either side."""
     n_l, n_r, edges, width = 9, 6, 31, 5
     shape = (width,) if heads == 1 else (heads, width)
     ql, qr = _q((n_l, *shape), 1), _q((n_r, *shape), 2)
@@ -189,12 +205,13 @@ def test_qsddmm_with_row_scales(device: str, op: str, heads: int, which: str) ->
         torch.randint(0, n_l, (edges,), generator=g),
         torch.randint(0, n_r, (edges,), generator=g),
     )
-    sl, sr = _scales(n_l, 4), _scales(n_r, 5)
+    k = heads if per == "head" else 1
+    sl, sr = _scales(n_l * k, 4).reshape(n_l, k), _scales(n_r * k, 5).reshape(n_r, k)
     if which == "rhs":
-        sl = torch.tensor(0.25).expand(n_l).contiguous()
+        sl = torch.tensor(0.25).expand(n_l, k).contiguous()
     if which == "lhs":
-        sr = torch.tensor(0.75).expand(n_r).contiguous()
-    bshape = (-1, *[1] * len(shape))
+        sr = torch.tensor(0.75).expand(n_r, k).contiguous()
+    bshape = (-1, k, 1) if len(shape) == 2 else (-1, 1)
     a = ql[li].to(torch.float32)
     b = qr[ri].to(torch.float32)
     el, er = sl[li].reshape(bshape), sr[ri].reshape(bshape)
@@ -207,8 +224,8 @@ def test_qsddmm_with_row_scales(device: str, op: str, heads: int, which: str) ->
             prod = prod.to(torch.float32)
         want = prod * (el * er)
     dev = torch.device(device)
-    scale_l = torch.tensor(0.25) if which == "rhs" else sl.reshape(n_l, *[1] * len(shape))
-    scale_r = torch.tensor(0.75) if which == "lhs" else sr
+    scale_l = torch.tensor(0.25) if which == "rhs" else sl.reshape(n_l, k, *[1] * (len(shape) - 1))
+    scale_r = torch.tensor(0.75) if which == "lhs" else (sr if k > 1 else sr.reshape(n_r))
     for backend in BACKENDS:
         got = qsddmm(
             op,
@@ -228,7 +245,7 @@ def test_qsddmm_refuses_bad_row_scales_and_indices(device: str) -> None:
     dev = torch.device(device)
     q = _q((4, 3), 1).to(dev)
     index = torch.tensor([0, 3, 1], device=dev)
-    with pytest.raises(ValueError, match=r"scale_rhs must be one value or one per row"):
+    with pytest.raises(ValueError, match=r"scale_rhs must be one value, one per row"):
         qsddmm("dot", q, 1.0, index, q, torch.ones(5, device=dev), index)
     with pytest.raises(ValueError, match="outside"):  # checked before the scales are gathered
         qsddmm(
@@ -252,18 +269,24 @@ def test_qsddmm_with_row_scales_counts_the_backend_that_ran() -> None:
     dispatch.reset()
 
 
-def test_quantize_per_row_of_a_3d_tensor_is_that_of_its_flattened_rows() -> None:
-    """One scale per index of the first dimension (a node's [H, D] block), the same bits
-    as the 2-d rows of the flattened tensor, scale shaped to broadcast over x."""
+def test_quantize_per_row_of_a_3d_tensor_is_that_of_its_last_dimension_rows() -> None:
+    """One scale per row of the last dimension (a node's head), the same bits as the 2-d
+    rows of x viewed as [N * H, D], scale shaped to broadcast over x: a large head leaves
+    the node's other heads their own levels."""
     from qtrain.ops.quantize import quantize_per_row
 
     x = torch.randn(7, 3, 5, generator=torch.Generator().manual_seed(2))
-    x[4] *= 50.0
+    x[4, 1] *= 50.0
     for backend in ("reference", "ext-cpu"):
         q, scale = quantize_per_row(x, 4, "stochastic", 3, 9, backend)
-        want_q, want_scale = quantize_per_row(x.reshape(7, 15), 4, "stochastic", 3, 9, backend)
-        assert q.shape == (7, 3, 5) and scale.shape == (7, 1, 1)
-        assert torch.equal(q, want_q.view(7, 3, 5)) and torch.equal(scale.view(7, 1), want_scale)
+        want_q, want_scale = quantize_per_row(x.reshape(21, 5), 4, "stochastic", 3, 9, backend)
+        assert q.shape == (7, 3, 5) and scale.shape == (7, 3, 1)
+        assert torch.equal(q, want_q.view(7, 3, 5)) and torch.equal(scale.view(21, 1), want_scale)
+        # the large head does not crush its node's other heads to 0
+        assert bool((q[4, 0] != 0).any()) and bool((q[4, 2] != 0).any())
+        x4 = torch.randn(2, 3, 4, 5, generator=torch.Generator().manual_seed(3))
+        q4, s4 = quantize_per_row(x4, 4, "nearest", 0, 0, backend)
+        assert q4.shape == x4.shape and s4.shape == (2, 3, 4, 1)
     with pytest.raises(ValueError, match="2-d"):
         quantize_per_row(torch.ones(4), 4)
 
@@ -275,4 +298,4 @@ def test_quantize_per_row_of_an_empty_3d_tensor(backend: str) -> None:
     from qtrain.ops.quantize import quantize_per_row
 
     q, scale = quantize_per_row(torch.empty(0, 3, 1), 4, "stochastic", 0, 0, backend)
-    assert q.shape == (0, 3, 1) and q.dtype == torch.int8 and scale.shape == (0, 1, 1)
+    assert q.shape == (0, 3, 1) and q.dtype == torch.int8 and scale.shape == (0, 3, 1)

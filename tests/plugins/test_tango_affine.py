@@ -42,8 +42,9 @@ def _policy(bits: int = 2, **kwargs: object) -> QuantPolicy:
 
 
 def _rows_dequantized(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """x quantized with one symmetric scale per row (per node for 3-d x), dequantized."""
-    q, s = quantize_rows_symmetric(x.detach().reshape(x.shape[0], -1).contiguous(), bits)
+    """x quantized with one symmetric scale per row of its last dimension (per node and
+    head for 3-d x), dequantized."""
+    q, s = quantize_rows_symmetric(x.detach().reshape(-1, x.shape[-1]).contiguous(), bits)
     return (q.to(torch.float32) * s).reshape(x.shape)
 
 

@@ -114,13 +114,65 @@ def test_per_tensor_policy_ignores_what_a_primitive_asks_for() -> None:
         assert q.shape == x.shape and scale.shape == ()
 
 
-def test_a_3d_operand_has_one_scale_per_node() -> None:
+def test_a_3d_operand_has_one_scale_per_node_and_head() -> None:
+    """A node's heads are separate linear maps: one large head keeps its own scale and
+    leaves the node's other heads theirs."""
     x = torch.randn(5, 3, 4)
-    x[2] *= 100.0
+    x[2, 1] *= 100.0
     q, scale = QuantPolicy(bits=4, rounding="nearest", scales="row").fresh(x, True)
-    assert scale.shape == (5, 1, 1)
-    want_q, want_scale = quantize_rows_symmetric(x.reshape(5, 12), 4)
-    assert torch.equal(q, want_q.view(5, 3, 4)) and torch.equal(scale.view(5, 1), want_scale)
+    assert scale.shape == (5, 3, 1)
+    want_q, want_scale = quantize_rows_symmetric(x.reshape(15, 4), 4)
+    assert torch.equal(q, want_q.view(5, 3, 4)) and torch.equal(scale.view(15, 1), want_scale)
+    assert bool((q[2, 0] != 0).any()) and bool((q[2, 2] != 0).any())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("kind", ["power-law", "empty", "zero-degree"])
+def test_a_per_head_spmm_is_the_sum_of_its_dequantized_heads(
+    bits: int, packed: bool, weighted: bool, kind: str
+) -> None:
+    """GAT's aggregation of [N, H, D] rows with one scale per node and head: forward, dX and
+    the attention's gradient are the float sums of the rows each head's scale dequantizes
+    (heads 100 times apart in size: one scale per node would round the small one to 0)."""
+    from qtrain.plugins.tango.functions import QuantSpMM
+
+    from qtrain.ops.graph import build_csr
+
+    torch.manual_seed(7)
+    n, heads, width = 50, 3, 9
+    if kind == "power-law":
+        dst = torch.multinomial(torch.arange(1, n + 1.0) ** -1.5, 300, replacement=True)
+        src = torch.randint(0, n, (300,))
+    elif kind == "empty":
+        src = dst = torch.zeros(0, dtype=torch.int64)
+    else:  # half the nodes receive nothing
+        src, dst = torch.randint(0, n, (200,)), torch.randint(0, n // 2, (200,))
+    csr = build_csr(src, dst, n, n)
+    leaf = torch.randn(n, heads, width, requires_grad=True)
+    scale_of_head = torch.tensor([1.0, 100.0, 0.01]).reshape(1, heads, 1)
+    weight = torch.rand(src.numel(), heads, 1, requires_grad=True) if weighted else None
+    policy = QuantPolicy(bits=bits, rounding="nearest", scales="row", packed=packed)
+    x = leaf * scale_of_head
+    out = QuantSpMM.apply(policy, csr, x, weight, True)
+    g = torch.randn(n, heads, width)
+    inputs = (leaf,) if weight is None else (leaf, weight)
+    grads = torch.autograd.grad(out, inputs, g)
+
+    def dequantized(t: torch.Tensor) -> torch.Tensor:
+        q, s = _rows(t.reshape(-1, width), bits)
+        return (q.to(torch.float32) * s).reshape(t.shape)
+
+    x_hat, g_hat = dequantized(x), dequantized(g)
+    w = torch.ones(src.numel(), heads, 1) if weight is None else weight.detach()
+    want = torch.zeros(n, heads, width).index_add_(0, dst, x_hat[src] * w)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    want_dx = torch.zeros(n, heads, width).index_add_(0, src, g_hat[dst] * w)
+    torch.testing.assert_close(grads[0], want_dx * scale_of_head, rtol=1e-5, atol=1e-4)
+    if weight is not None:
+        dw = (x_hat[src] * g_hat[dst]).sum(-1, keepdim=True)
+        torch.testing.assert_close(grads[1], dw, rtol=1e-5, atol=1e-3)
 
 
 def test_gcn_layer_with_a_hub_node_trains_closer_with_row_scales() -> None:
