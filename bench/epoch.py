@@ -18,12 +18,19 @@ against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
     python bench/epoch.py --variants fp32 tango-tensor tango-row --bits 4   # scales per tensor / row
     python bench/epoch.py --variants fp32 tango-row tango-block --bits 4   # per row / node blocks
     python bench/epoch.py --variants tango-8 tango-4 tango-4-int8 tango-2 --baseline tango-8
+    python bench/epoch.py --variants tango-8 tango-4 --baseline tango-8 --repeat 8 --settle 1
 
 ``tango-B`` is tango at B bits whatever ``--bits`` says, ``tango-B-int8`` the same with
 ``packed = false`` (issue 32: below 5 bits tango stores its operands two values a byte;
 this variant keeps them int8, so the pair shows what packing changes). Every row also has
 the bytes its steps saved for backward (``activation_bytes``, the trainer's meter, highest
 step), and with ``--baseline`` the ratios of time and bytes against that variant.
+
+``--settle N`` runs N untimed epochs of a variant after entering it on the synthetic-arxiv
+recipes too (``--small-settle`` on the small ones): without it the epoch right after
+another variant's was about 0.4 s slower on synthetic-arxiv GCN (a 1 s epoch) whichever
+variant ran it, and with two variants the rotation puts one of them in that slot each
+round, so the per-round ratios alternated (``bench/results/vm-2026-11-30-epoch-lowbit*``).
 """
 
 from __future__ import annotations
@@ -67,6 +74,17 @@ SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 NAMED_VARIANTS = ["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row", "tango-block"]
 # tango at a bit count of its own, optionally with its operands kept int8 (not packed)
 BITS_VARIANT = re.compile(r"tango-([2-8])(-int8)?")
+
+
+def epochs_count(text: str) -> int:
+    """A number of epochs, 0 or more (argparse's type: refused in one line otherwise)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of epochs, 0 or more: {text!r}")
+    return n
 
 
 def variant(name: str) -> str:
@@ -241,6 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         help="untimed epochs after each session entry before the timed one (small recipes)",
     )
     parser.add_argument(
+        "--settle",
+        type=epochs_count,
+        default=0,
+        help="untimed epochs after each session entry before the timed one (synthetic-arxiv "
+        "recipes): an epoch right after another variant's pays for bringing this variant's "
+        "model, graph and buffers back into memory and caches",
+    )
+    parser.add_argument(
         "--planetoid-root",
         type=Path,
         default=SHARED_DATASETS if (SHARED_DATASETS / "planetoid").is_dir() else None,
@@ -283,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             args.small_warmup if small else args.warmup,
             args.small_repeat if small else args.repeat,
             args.planetoid_root,
-            settle=args.small_settle if small else 0,
+            settle=args.small_settle if small else args.settle,
             baseline=args.baseline,
         )
     print()

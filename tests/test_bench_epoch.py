@@ -41,6 +41,8 @@ def test_bit_count_variants_against_a_baseline(
     [
         (["--variants", "tango-9"], "invalid variant value: 'tango-9'"),
         (["--variants", "tango-4", "--baseline", "tango-8"], "is not one of --variants"),
+        (["--settle", "-1"], "must be a whole number of epochs, 0 or more: '-1'"),
+        (["--settle", "two"], "must be a whole number of epochs, 0 or more: 'two'"),
     ],
 )
 def test_a_bad_variant_is_refused(
