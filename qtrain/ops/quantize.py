@@ -66,8 +66,7 @@ def quantize_per_row(
     """
     xf = ref.as_float32(x)
     if xf.dim() > 2:
-        width = xf.shape[-1]
-        rows = xf.reshape(-1, width) if width else xf.reshape(xf.shape[:-1].numel(), 0)
+        rows = xf.reshape(xf.shape[:-1].numel(), xf.shape[-1])
         q, scale = quantize_per_row(rows, bits, rounding, seed, offset, backend)
         return q.view(xf.shape), scale.view(*xf.shape[:-1], 1)
     chosen = dispatch.resolve("quantize_rows", xf, backend, kernels=ROW_QUANTIZE_KERNELS)

@@ -463,22 +463,18 @@ def qsddmm(
 
 def _dequantized_rows(name: str, scale: torch.Tensor | float, q: torch.Tensor) -> torch.Tensor:
     """float32 ``q * s`` with one scale for q or one per row."""
-    if per_tensor(scale):
-        s = torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
-    else:
-        s = row_scales("qsddmm", name, scale, q)
-        s = s.reshape(*s.shape, *[1] * (q.dim() - 2))
-    return q.to(torch.float32) * s
+    return q.to(torch.float32) * _edge_scales(name, scale, q)
 
 
 def _edge_scales(
-    name: str, scale: torch.Tensor | float, q: torch.Tensor, index: torch.Tensor
+    name: str, scale: torch.Tensor | float, q: torch.Tensor, index: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Each edge's scale for the rows ``index`` selects, shaped to broadcast over a
-    per-edge result ``[E, ...]`` (one scale: the 0-d scale itself)."""
+    """The scales of the rows ``index`` selects (None: every row of q), one per edge, shaped
+    to broadcast over a per-edge result ``[E, ...]`` (one scale: the 0-d scale itself)."""
     if per_tensor(scale):
         return torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
-    edges = row_scales("qsddmm", name, scale, q)[index.to(torch.int64)]  # [E, 1 or H]
+    rows = row_scales("qsddmm", name, scale, q)  # [N, 1 or H]
+    edges = rows if index is None else rows[index.to(torch.int64)]
     return edges.reshape(*edges.shape, *[1] * (q.dim() - 2))
 
 
