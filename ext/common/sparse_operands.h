@@ -19,21 +19,24 @@ namespace qtrain {
 namespace sparse_operands {
 
 struct Spmm {
-  at::Tensor indptr, indices, eids, q, w, out;  // eids / w undefined when absent
+  at::Tensor indptr, indices, eids, q, w, rs, out;  // eids / w / rs undefined when absent
   bool wide = false;      // int64 indices (else int32)
-  bool weighted = false;  // weight given (eids may still be absent)
-  int64_t rows = 0, nnz = 0, H = 1, D = 0, Hw = 1;  // Hw: weights per edge (1 or H)
+  bool weighted = false;  // weight or row_scale given: the float32 form (eids may be absent)
+  // Hw: weights per edge (1 or H); Hr: row scales per input row (1 or H)
+  int64_t rows = 0, nnz = 0, H = 1, D = 0, Hw = 1, Hr = 1;
 };
 
 // width: the values per row (per head) of q when q holds them packed (qspmm4: two 4-bit
 // values per byte); -1 for int8 q, whose last dimension is the width.
 inline Spmm spmm(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& q,
                  const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& eids,
-                 int64_t width = -1) {
+                 const std::optional<at::Tensor>& row_scale, int64_t width = -1) {
   Spmm s;
   s.q = q.contiguous();
-  s.weighted = weight.has_value() && weight->defined();
-  const bool has_eids = s.weighted && eids.has_value() && eids->defined();
+  const bool has_weight = weight.has_value() && weight->defined();
+  const bool has_rs = row_scale.has_value() && row_scale->defined();
+  s.weighted = has_weight || has_rs;
+  const bool has_eids = has_weight && eids.has_value() && eids->defined();
   s.wide = indptr.scalar_type() == at::kLong || indices.scalar_type() == at::kLong ||
            (has_eids && eids->scalar_type() == at::kLong);
   const at::ScalarType it = s.wide ? at::kLong : at::kInt;
@@ -44,9 +47,13 @@ inline Spmm spmm(const at::Tensor& indptr, const at::Tensor& indices, const at::
   s.nnz = s.indices.numel();
   s.H = s.q.dim() == 3 ? s.q.size(1) : 1;
   s.D = width >= 0 ? width : s.q.size(-1);
-  if (s.weighted) {
+  if (has_weight) {
     s.w = weight->to(at::kFloat).contiguous();
     s.Hw = s.w.dim() == 1 ? 1 : s.w.size(1);
+  }
+  if (has_rs) {
+    s.rs = row_scale->contiguous();
+    s.Hr = s.rs.dim() == 1 ? 1 : s.rs.size(1);
   }
   const std::vector<int64_t> shape =
       s.q.dim() == 3 ? std::vector<int64_t>{s.rows, s.H, s.D} : std::vector<int64_t>{s.rows, s.D};

@@ -28,10 +28,11 @@ QT_DEFINE_SPMM_VARIANT(Int4Rows, avx512, QT_TARGET_AVX512, isa::kAvx512)
 
 at::Tensor qspmm4(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& packed,
                   int64_t width, double scale, const std::optional<at::Tensor>& weight,
-                  const std::optional<at::Tensor>& eids) {
+                  const std::optional<at::Tensor>& eids,
+                  const std::optional<at::Tensor>& row_scale) {
   return spmm_cpu::run<Int4Rows>(
       "qtrain::qspmm4", "packed", QT_SELECT_VARIANT(kernels_),
-      sparse_operands::spmm(indptr, indices, packed, weight, eids, width), scale);
+      sparse_operands::spmm(indptr, indices, packed, weight, eids, row_scale, width), scale);
 }
 
 }  // namespace

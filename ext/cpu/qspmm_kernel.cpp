@@ -31,9 +31,11 @@ QT_DEFINE_SPMM_VARIANT(Int8Rows, avx512, QT_TARGET_AVX512, isa::kAvx512)
 
 at::Tensor qspmm(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& q,
                  double scale, const std::optional<at::Tensor>& weight,
-                 const std::optional<at::Tensor>& eids) {
-  return spmm_cpu::run<Int8Rows>("qtrain::qspmm", "q", QT_SELECT_VARIANT(kernels_),
-                                 sparse_operands::spmm(indptr, indices, q, weight, eids), scale);
+                 const std::optional<at::Tensor>& eids,
+                 const std::optional<at::Tensor>& row_scale) {
+  return spmm_cpu::run<Int8Rows>(
+      "qtrain::qspmm", "q", QT_SELECT_VARIANT(kernels_),
+      sparse_operands::spmm(indptr, indices, q, weight, eids, row_scale), scale);
 }
 
 }  // namespace

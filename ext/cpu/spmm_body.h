@@ -6,6 +6,8 @@
 //   copy:      out[r] = fl32(float(sum_k q[indices[k]]) * scale)             exact integer sum
 //   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32
 //              out[r] = fl32(acc[r] * scale)
+//   row_scale: w[eids[k], h] above is fl32(w[eids[k], h] * row_scale[indices[k], h]) (w
+//              taken as 1 without weight), read as the entry is gathered
 //
 // Work is handed out by the merge path (common/merge_path.h, qtrain/ops/partition.py):
 // units of P items (rows' ends plus entries), so a hub row of a power-law graph is split
@@ -98,7 +100,8 @@ struct SpmmArgs {
   const void* indices;
   const void* eids;  // null: entry k uses weight row k
   const T* q;
-  const float* w;  // weighted form only (null when weight has no elements)
+  const float* w;   // weighted form with a weight only (null when it has no elements)
+  const float* rs;  // row_scale (null when absent)
   float* out;
   float* carry;               // [units, F]: the piece of the row in progress at a unit's end
   const int64_t* row_start;   // the merge-path partition (common/merge_path.h)
@@ -112,6 +115,7 @@ struct SpmmArgs {
   int64_t H;
   int64_t D;
   int64_t Hw;      // weights per edge: 1 or H
+  int64_t Hr;      // row scales per input row: 1 or H
   int64_t stride;  // elements (T) per row of q
   int64_t Ds;      // elements (T) per head of q's rows
   float scale;
@@ -120,6 +124,19 @@ struct SpmmArgs {
 };
 
 // ---------------------------------------------------------------- kernel bodies
+
+// The weighted form's weight of an entry in one segment (a head, or the whole row):
+// w[eid, w_col] (1 without weight) times row_scale[src, r_col] (when given), in float32.
+struct EntryWeight {
+  const float* w;
+  const float* rs;
+  int64_t Hw, w_col, Hr, r_col;
+  QT_ALWAYS_INLINE float at(int64_t eid, int64_t src) const {
+    float wk = w != nullptr ? w[eid * Hw + w_col] : 1.0f;
+    if (rs != nullptr) wk *= rs[src * Hr + r_col];
+    return wk;
+  }
+};
 //
 // q is a segment's first element in row 0 and `stride` the elements per row; lanes are
 // counted from the segment's start and o is the segment's first output lane.
@@ -155,20 +172,20 @@ QT_ALWAYS_INLINE void copy_tail(const I* ix, int64_t b, int64_t e, const typenam
   for (int64_t t = 0; t < nl; ++t) o[f0 + t] = static_cast<float>(acc[t]) * scale;
 }
 
-// Lanes [f0, f0 + W NV) of one segment, weighted form; w_col selects the head's weight.
+// Lanes [f0, f0 + W NV) of one segment, weighted form; ew gives the entries' weights.
 template <int ISA, int NV, class Row, typename I>
 QT_ALWAYS_INLINE void weighted_tile(const I* ix, const I* ex, int64_t b, int64_t e, int64_t nnz,
                                     const typename Row::T* q, int64_t stride, int64_t f0,
-                                    const float* w, int64_t Hw, int64_t w_col, float scale,
-                                    float* o) {
+                                    const EntryWeight& ew, float scale, float* o) {
   using L = Lanes<ISA>;
   typename L::vf acc[NV];
   for (int v = 0; v < NV; ++v) acc[v] = typename L::vf{};
   for (int64_t k = b; k < e; ++k) {
     prefetch_row(ix, k, nnz, q, stride, Row::bytes(f0), Row::bytes(L::W * NV));
     const int64_t eid = ex != nullptr ? static_cast<int64_t>(ex[k]) : k;
-    const float wk = w[eid * Hw + w_col];
-    const typename Row::T* r = q + static_cast<int64_t>(ix[k]) * stride + Row::bytes(f0);
+    const int64_t src = static_cast<int64_t>(ix[k]);
+    const float wk = ew.at(eid, src);
+    const typename Row::T* r = q + src * stride + Row::bytes(f0);
     for (int v = 0; v < NV; ++v) {
       const typename L::vf x = __builtin_convertvector(
           Row::template load<ISA>(r + Row::bytes(L::W * v)), typename L::vf);
@@ -184,13 +201,13 @@ QT_ALWAYS_INLINE void weighted_tile(const I* ix, const I* ex, int64_t b, int64_t
 template <class Row, typename I>
 QT_ALWAYS_INLINE void weighted_tail(const I* ix, const I* ex, int64_t b, int64_t e,
                                     const typename Row::T* q, int64_t stride, int64_t f0,
-                                    int64_t nl, const float* w, int64_t Hw, int64_t w_col,
-                                    float scale, float* o) {
+                                    int64_t nl, const EntryWeight& ew, float scale, float* o) {
   float acc[16] = {};
   for (int64_t k = b; k < e; ++k) {
     const int64_t eid = ex != nullptr ? static_cast<int64_t>(ex[k]) : k;
-    const float wk = w[eid * Hw + w_col];
-    const typename Row::T* r = q + static_cast<int64_t>(ix[k]) * stride;
+    const int64_t src = static_cast<int64_t>(ix[k]);
+    const float wk = ew.at(eid, src);
+    const typename Row::T* r = q + src * stride;
     for (int64_t t = 0; t < nl; ++t) acc[t] += wk * static_cast<float>(Row::value(r, f0 + t));
   }
   for (int64_t t = 0; t < nl; ++t) o[f0 + t] = acc[t] * scale;
@@ -213,14 +230,12 @@ QT_ALWAYS_INLINE void copy_tile_n(int nv, const I* ix, int64_t b, int64_t e, int
 template <int ISA, int NV, class Row, typename I>
 QT_ALWAYS_INLINE void weighted_tile_n(int nv, const I* ix, const I* ex, int64_t b, int64_t e,
                                       int64_t nnz, const typename Row::T* q, int64_t stride,
-                                      int64_t f0, const float* w, int64_t Hw, int64_t w_col,
-                                      float scale, float* o) {
+                                      int64_t f0, const EntryWeight& ew, float scale, float* o) {
   if constexpr (NV >= 1) {
     if (nv == NV) {
-      weighted_tile<ISA, NV, Row>(ix, ex, b, e, nnz, q, stride, f0, w, Hw, w_col, scale, o);
+      weighted_tile<ISA, NV, Row>(ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
     } else {
-      weighted_tile_n<ISA, NV - 1, Row>(nv, ix, ex, b, e, nnz, q, stride, f0, w, Hw, w_col,
-                                        scale, o);
+      weighted_tile_n<ISA, NV - 1, Row>(nv, ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
     }
   }
 }
@@ -243,24 +258,22 @@ QT_ALWAYS_INLINE void copy_lanes(const I* ix, int64_t b, int64_t e, int64_t nnz,
   if (f0 < n) copy_tail<Row>(ix, b, e, q, stride, f0, n - f0, scale, o);
 }
 
-// A segment of n lanes, weighted form with weight column w_col.
+// A segment of n lanes, weighted form with the entries' weights ew.
 template <int ISA, int MAXNV, class Row, typename I>
 QT_ALWAYS_INLINE void weighted_lanes(const I* ix, const I* ex, int64_t b, int64_t e, int64_t nnz,
                                      const typename Row::T* q, int64_t stride, int64_t n,
-                                     const float* w, int64_t Hw, int64_t w_col, float scale,
-                                     float* o) {
+                                     const EntryWeight& ew, float scale, float* o) {
   constexpr int W = Lanes<ISA>::W;
   int64_t f0 = 0;
   for (; f0 + W * MAXNV <= n; f0 += W * MAXNV) {
-    weighted_tile<ISA, MAXNV, Row>(ix, ex, b, e, nnz, q, stride, f0, w, Hw, w_col, scale, o);
+    weighted_tile<ISA, MAXNV, Row>(ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
   }
   const int nv = static_cast<int>((n - f0) / W);
   if (nv > 0) {
-    weighted_tile_n<ISA, MAXNV - 1, Row>(nv, ix, ex, b, e, nnz, q, stride, f0, w, Hw, w_col,
-                                         scale, o);
+    weighted_tile_n<ISA, MAXNV - 1, Row>(nv, ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
     f0 += W * nv;
   }
-  if (f0 < n) weighted_tail<Row>(ix, ex, b, e, q, stride, f0, n - f0, w, Hw, w_col, scale, o);
+  if (f0 < n) weighted_tail<Row>(ix, ex, b, e, q, stride, f0, n - f0, ew, scale, o);
 }
 
 // Entries [lo, hi) of row r (a whole row or a piece of one) into dst, scaled by s.
@@ -272,7 +285,7 @@ QT_ALWAYS_INLINE bool piece(const SpmmArgs<Row>& a, int64_t lo, int64_t hi, floa
   if (a.weighted && ex != nullptr) ok &= row_in_range(ex, lo, hi, a.n_w);
   if (!ok) return false;  // the op raises: dst is left as it is
   // One segment for the whole row, or one per head (D lanes from element h * Ds).
-  const bool per_head = a.split_heads || (a.weighted && a.Hw != 1);
+  const bool per_head = a.split_heads || (a.weighted && (a.Hw != 1 || a.Hr != 1));
   const int64_t groups = per_head ? a.H : 1;
   const int64_t width = per_head ? a.D : a.F;
   for (int64_t h = 0; h < groups; ++h) {
@@ -280,8 +293,9 @@ QT_ALWAYS_INLINE bool piece(const SpmmArgs<Row>& a, int64_t lo, int64_t hi, floa
     if (!a.weighted) {
       copy_lanes<ISA, MAXNV, Row>(ix, lo, hi, a.nnz, q, a.stride, width, s, dst + h * width);
     } else {
-      weighted_lanes<ISA, MAXNV, Row>(ix, ex, lo, hi, a.nnz, q, a.stride, width, a.w, a.Hw,
-                                      a.Hw == 1 ? 0 : h, s, dst + h * width);
+      const EntryWeight ew{a.w, a.rs, a.Hw, a.Hw == 1 ? 0 : h, a.Hr, a.Hr == 1 ? 0 : h};
+      weighted_lanes<ISA, MAXNV, Row>(ix, ex, lo, hi, a.nnz, q, a.stride, width, ew, s,
+                                      dst + h * width);
     }
   }
   return true;
@@ -373,6 +387,7 @@ at::Tensor run(const char* fn, const char* q_name, const Kernels<Row>& K,
   const at::Tensor &indptr = s.indptr, &indices = s.indices, &eids = s.eids, &q = s.q, &w = s.w,
                    &out = s.out;
   const int64_t rows = s.rows, nnz = s.nnz, H = s.H, D = s.D, Hw = s.Hw;
+  const bool has_w = s.w.defined() && s.w.numel() > 0;
 
   if (wide) {
     check_indptr(fn, indptr.const_data_ptr<int64_t>(), rows, nnz);
@@ -386,16 +401,18 @@ at::Tensor run(const char* fn, const char* q_name, const Kernels<Row>& K,
   a.indices = indices.const_data_ptr();
   a.eids = has_eids ? eids.const_data_ptr() : nullptr;
   a.q = static_cast<const typename Row::T*>(q.const_data_ptr());
-  a.w = weighted ? w.const_data_ptr<float>() : nullptr;
+  a.w = has_w ? w.const_data_ptr<float>() : nullptr;
+  a.rs = s.rs.defined() ? s.rs.const_data_ptr<float>() : nullptr;
   a.out = out.mutable_data_ptr<float>();
   advise_huge_pages(a.out, static_cast<size_t>(out.numel()) * sizeof(float));
   a.nnz = nnz;
   a.n_in = q.size(0);
-  a.n_w = weighted ? w.size(0) : 0;
+  a.n_w = w.defined() ? w.size(0) : 0;
   a.F = H * D;
   a.H = H;
   a.D = D;
   a.Hw = Hw;
+  a.Hr = s.Hr;
   a.Ds = q.size(-1);
   a.stride = H * a.Ds;
   // a head of packed rows of odd width ends in a half byte: the next starts on a byte

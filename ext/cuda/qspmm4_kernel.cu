@@ -19,11 +19,12 @@ namespace {
 
 at::Tensor qspmm4(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& packed,
                   int64_t width, double scale, const std::optional<at::Tensor>& weight,
-                  const std::optional<at::Tensor>& eids) {
+                  const std::optional<at::Tensor>& eids,
+                  const std::optional<at::Tensor>& row_scale) {
   const c10::cuda::CUDAGuard guard(indptr.device());
   return spmm_body::run<spmm_body::Int4Rows>(
-      "qtrain::qspmm4", "packed", sparse_operands::spmm(indptr, indices, packed, weight, eids, width),
-      scale);
+      "qtrain::qspmm4", "packed",
+      sparse_operands::spmm(indptr, indices, packed, weight, eids, row_scale, width), scale);
 }
 
 }  // namespace

@@ -24,10 +24,12 @@ namespace {
 
 at::Tensor qspmm(const at::Tensor& indptr, const at::Tensor& indices, const at::Tensor& q,
                  double scale, const std::optional<at::Tensor>& weight,
-                 const std::optional<at::Tensor>& eids) {
+                 const std::optional<at::Tensor>& eids,
+                 const std::optional<at::Tensor>& row_scale) {
   const c10::cuda::CUDAGuard guard(indptr.device());
   return spmm_body::run<spmm_body::Int8Rows>(
-      "qtrain::qspmm", "q", sparse_operands::spmm(indptr, indices, q, weight, eids), scale);
+      "qtrain::qspmm", "q", sparse_operands::spmm(indptr, indices, q, weight, eids, row_scale),
+      scale);
 }
 
 }  // namespace

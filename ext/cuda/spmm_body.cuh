@@ -7,6 +7,8 @@
 //   copy:      out[r] = fl32(float(sum_k q[indices[k]]) * scale)             exact integer sum
 //   weighted:  acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))  float32, CSR order
 //              out[r] = fl32(acc[r] * scale)
+//   row_scale: w[eids[k], h] above is fl32(w[eids[k], h] * row_scale[indices[k], h]) (w
+//              taken as 1 without weight), read as the entry is gathered
 //
 // Work is handed out by the merge path (common/merge_path.h, qtrain/ops/partition.py):
 // units of P items (rows' ends plus entries), one unit to a group of G lanes (G = 1 .. 32,
@@ -60,7 +62,8 @@ struct SpmmArgs {
   const void* indices;
   const void* eids;  // null: entry k uses weight row k
   const uint8_t* q;  // int8 rows, or 4-bit values packed two per byte (Row says which)
-  const float* w;    // null: copy form
+  const float* w;    // null: copy form, or only row scales (rs)
+  const float* rs;   // row_scale (null when absent)
   float* out;
   float* carry;  // [units, F]: the piece of the row in progress at a unit's end
   const int64_t* row_start;  // the merge-path partition (common/merge_path.h)
@@ -76,6 +79,7 @@ struct SpmmArgs {
   int64_t stride;  // bytes per row of q
   int64_t Ds;      // bytes per head of q's rows
   int64_t Hw;    // weights per edge: 1 or H
+  int64_t Hr;    // row scales per input row: 1 or H
   float scale;
   bool vec;      // whole aligned 4-value chunks (Row::vec_ok): one gather each, float4 stores
   int* flag;
@@ -88,8 +92,8 @@ struct SpmmArgs {
 
 // int8 rows (qspmm): value f at byte f; a chunk is one 32-bit gather.
 struct Int8Rows {
-  static bool vec_ok(const SpmmArgs& a, int64_t Hw) {
-    return a.F % 4 == 0 && (Hw == 1 || a.D % 4 == 0) && is_aligned(a.q, 4);
+  static bool vec_ok(const SpmmArgs& a, bool per_head) {
+    return a.F % 4 == 0 && (!per_head || a.D % 4 == 0) && is_aligned(a.q, 4);
   }
   __device__ static __forceinline__ void load_chunk(const SpmmArgs& a, const uint8_t* row,
                                                     int64_t f, int32_t (&v)[4]) {
@@ -109,8 +113,8 @@ struct Int8Rows {
 // low nibble for an even j. With an even width the heads' bytes follow each other (value
 // f in byte f / 2) and a chunk is one 16-bit gather; otherwise each value is found alone.
 struct Int4Rows {
-  static bool vec_ok(const SpmmArgs& a, int64_t Hw) {
-    return a.F % 4 == 0 && a.D % 2 == 0 && (Hw == 1 || a.D % 4 == 0) && is_aligned(a.q, 2);
+  static bool vec_ok(const SpmmArgs& a, bool per_head) {
+    return a.F % 4 == 0 && a.D % 2 == 0 && (!per_head || a.D % 4 == 0) && is_aligned(a.q, 2);
   }
   // nibble `which` (0: low, 1: high, ...) of w, sign-extended
   __device__ static __forceinline__ int32_t nibble(uint32_t w, int which) {
@@ -147,6 +151,15 @@ __device__ __forceinline__ void store_chunk(float* o, int64_t f, int64_t F, bool
   }
 }
 
+// The weighted form's weight of entry (eid, src) for head h: w[eid, h] (1 without weight)
+// times row_scale[src, h] (when given), each per head where it has heads, in float32.
+__device__ __forceinline__ float entry_weight(const SpmmArgs& a, int64_t eid, int64_t src,
+                                              int64_t h) {
+  float wk = a.w != nullptr ? __ldg(a.w + eid * a.Hw + (a.Hw > 1 ? h : 0)) : 1.0f;
+  if (a.rs != nullptr) wk = __fmul_rn(wk, __ldg(a.rs + src * a.Hr + (a.Hr > 1 ? h : 0)));
+  return wk;
+}
+
 // Features [f0, f0 + G * 4 * NCH) of a piece: entries b .. e in CSR order, scaled by
 // `scale` into o. Returns the error bits seen (nothing is stored when they are not 0).
 template <class Row, typename I, int G, int NCH, bool WEIGHTED, typename Acc>
@@ -160,7 +173,7 @@ __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t 
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[c][j] = Acc(0);
   int bad = 0;
-  const bool per_head = a.Hw > 1;
+  const bool per_head = a.Hw > 1 || a.Hr > 1;
   for (int64_t k0 = b; k0 < e; k0 += G) {
     // one coalesced read of G entries, shared out below with shuffles
     const int64_t k = k0 + lane;
@@ -182,7 +195,9 @@ __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t 
           bad |= kBadEid;
           my_idx = static_cast<I>(-1);
         }
-        if (!per_head && my_idx >= 0) my_w = __ldg(a.w + static_cast<int64_t>(my_eid));
+        if (!per_head && my_idx >= 0) {
+          my_w = entry_weight(a, static_cast<int64_t>(my_eid), static_cast<int64_t>(my_idx), 0);
+        }
       }
     }
     const int nb = e - k0 < G ? static_cast<int>(e - k0) : G;
@@ -209,14 +224,14 @@ __device__ __forceinline__ int row_window(const SpmmArgs& a, int64_t b, int64_t 
         if constexpr (WEIGHTED) {
           if (per_head) {
             if (a.vec) {  // D % 4 == 0: the chunk lies in one head
-              const float wh = __ldg(a.w + eid * a.Hw + f / a.D);
+              const float wh = entry_weight(a, eid, idx, f / a.D);
 #pragma unroll
               for (int t = 0; t < 4; ++t) acc[c][t] = __fadd_rn(acc[c][t], __fmul_rn(wh, static_cast<float>(v[t])));
             } else {
 #pragma unroll
               for (int t = 0; t < 4; ++t) {
                 if (f + t < a.F) {
-                  const float wh = __ldg(a.w + eid * a.Hw + (f + t) / a.D);
+                  const float wh = entry_weight(a, eid, idx, (f + t) / a.D);
                   acc[c][t] = __fadd_rn(acc[c][t], __fmul_rn(wh, static_cast<float>(v[t])));
                 }
               }
@@ -402,17 +417,19 @@ at::Tensor run(const char* fn, const char* q_name, const sparse_operands::Spmm& 
   a.indices = indices.const_data_ptr();
   a.eids = has_eids ? eids.const_data_ptr() : nullptr;
   a.q = static_cast<const uint8_t*>(q.const_data_ptr());
-  a.w = weighted ? w.const_data_ptr<float>() : nullptr;
+  a.w = w.defined() && w.numel() > 0 ? w.const_data_ptr<float>() : nullptr;
+  a.rs = s.rs.defined() ? s.rs.const_data_ptr<float>() : nullptr;
   a.out = out.mutable_data_ptr<float>();
   a.rows = rows;
   a.nnz = nnz;
   a.n_in = q.size(0);
-  a.n_w = weighted ? w.size(0) : 0;
+  a.n_w = w.defined() ? w.size(0) : 0;
   a.F = H * D;
   a.D = D;
   a.Ds = q.size(-1);
   a.stride = H * a.Ds;
   a.Hw = Hw;
+  a.Hr = s.Hr;
   a.scale = static_cast<float>(scale);
   a.flag = flag.mutable_data_ptr<int>();
   // the partition is built on the device from indptr (no sync); the kernels clamp it
@@ -423,7 +440,8 @@ at::Tensor run(const char* fn, const char* q_name, const sparse_operands::Spmm& 
   a.entry_start = part.entry_start.const_data_ptr<int64_t>();
   a.units = part.units;
   a.per_unit = part.per_unit;
-  a.vec = Row::vec_ok(a, Hw) && is_aligned(a.out, 16) && is_aligned(a.carry, 16);
+  a.vec = Row::vec_ok(a, weighted && (Hw > 1 || s.Hr > 1)) && is_aligned(a.out, 16) &&
+          is_aligned(a.carry, 16);
   cudaStream_t stream = current_stream();
   if (wide) {
     launch<Row, int64_t>(a, weighted, stream);

@@ -64,6 +64,7 @@ def qspmm(
     scale: float,
     weight: Tensor | None = None,
     eids: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> Tensor:
     return _empty((indptr.shape[0] - 1, *q.shape[1:]), torch.float32, q)
 
@@ -76,6 +77,7 @@ def qspmm4(
     scale: float,
     weight: Tensor | None = None,
     eids: Tensor | None = None,
+    row_scale: Tensor | None = None,
 ) -> Tensor:
     return _empty((indptr.shape[0] - 1, *packed.shape[1:-1], width), torch.float32, packed)
 

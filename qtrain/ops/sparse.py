@@ -11,10 +11,14 @@ SpMM (``qspmm``), features quantized once before the random gathers::
     copy (weight None):   out[r] = fl32(float(sum_k q[indices[k]]) * scale)     exact int sum
     weighted:             acc[r] = sum_k fl32(w[eids[k], h] * float(q[indices[k], h, :]))
                           out[r] = fl32(acc[r] * scale)                         float32 sum
+    row_scale given:      w[eids[k], h] above is fl32(w[eids[k], h] * row_scale[indices[k], h])
+                          (w taken as 1 without weight)
 
 ``q`` is int8 ``[N_in, D]`` or ``[N_in, H, D]``; ``weight`` is float32 ``[E]``,
 ``[E, 1]`` (one weight per edge) or ``[E, H]`` / ``[E, H, 1]`` (one per head:
-Fig. 6's per-head split). The output has q's trailing shape. The integer sum
+Fig. 6's per-head split); ``row_scale`` is float32 ``[N_in]``, ``[N_in, 1]`` or
+``[N_in, H]``: q quantized with one scale per row (or row and head), applied by the
+kernels as they gather the rows. The output has q's trailing shape. The integer sum
 is exact, so the copy form is bit-identical across backends; the weighted
 form sums floats in CSR order in the compiled kernel and in another order in
 the reference, so they agree to float32 rounding.
@@ -134,6 +138,23 @@ def _check_weight(
         )
 
 
+def _check_row_scale(fn: str, row_scale: object, rows: int, heads: int, like: torch.Tensor) -> None:
+    """float32 ``[rows]``, ``[rows, 1]`` or ``[rows, heads]`` on like's device."""
+    r = _check_dense(fn, "row_scale", row_scale)
+    _check_device(fn, "row_scale", r, "indptr", like)
+    if r.dtype != torch.float32:
+        raise TypeError(f"{fn}: row_scale must be float32, got {_dtype_name(r.dtype)}")
+    shape_ok = (r.dim() == 1 or (r.dim() == 2 and r.shape[1] in (1, heads))) and (
+        r.shape[0] == rows
+    )
+    if not shape_ok:
+        per_head = f" or [{rows}, {heads}]" if heads > 1 else ""
+        raise ValueError(
+            f"{fn}: row_scale must have shape [{rows}], [{rows}, 1]{per_head} (one per row of "
+            f"the input), got {list(r.shape)}"
+        )
+
+
 def _check_packed(fn: str, packed: object, width: object) -> None:
     """Dense uint8 rows [N, ceil(width / 2)] or [N, H, ceil(width / 2)] (pack_int4's layout)."""
     packed = _check_dense(fn, "packed", packed)
@@ -153,6 +174,7 @@ def _check_qspmm(
     weight: torch.Tensor | None = None,
     eids: torch.Tensor | None = None,
     width: int | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> None:
     """What ``torch.ops.qtrain.qspmm`` refuses (front and kernels), refused the same way;
     with ``width``, what ``qspmm4`` refuses (q: packed rows of ``width`` 4-bit values)."""
@@ -175,9 +197,11 @@ def _check_qspmm(
         _check_device(fn, "eids", eids, "indptr", indptr)
         if eids.numel() != nnz:
             raise ValueError(f"{fn}: eids has {eids.numel()} entries, indices {nnz}")
+    heads = q.shape[1] if q.dim() == 3 else 1
     if weight is not None:
-        heads = q.shape[1] if q.dim() == 3 else 1
         _check_weight(fn, weight, heads, nnz, eids is not None, indptr)
+    if row_scale is not None:
+        _check_row_scale(fn, row_scale, q.shape[0], heads, indptr)
     _check_indptr(fn, indptr, nnz)
     bad_eids = weight is not None and eids is not None and not _in_range(eids, weight.shape[0])
     if not _in_range(indices, q.shape[0]) or bad_eids:
@@ -241,9 +265,11 @@ def reference_qspmm(
     scale: torch.Tensor | float,
     weight: torch.Tensor | None = None,
     eids: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The pure-PyTorch definition of :func:`qspmm` (it checks its arguments as the op does)."""
-    _check_qspmm(indptr, indices, q, weight, eids)
+    """The pure-PyTorch definition of the op ``qspmm`` (it checks its arguments as the op
+    does)."""
+    _check_qspmm(indptr, indices, q, weight, eids, row_scale=row_scale)
     rows = indptr.numel() - 1
     q3 = q if q.dim() == 3 else q[:, None, :]
     heads, width = q3.shape[1], q3.shape[2]
@@ -251,18 +277,23 @@ def reference_qspmm(
     row_of = torch.repeat_interleave(torch.arange(rows, device=q.device), counts)
     gathered = q3[indices.to(torch.int64)]
     scale_t = torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
-    if weight is None:
+    if weight is None and row_scale is None:
         acc = torch.zeros((rows, heads, width), dtype=torch.int64, device=q.device)
         acc.index_add_(0, row_of, gathered.to(torch.int64))
         out = acc.to(torch.float32) * scale_t
     else:
-        w = _heads_weight(weight, heads)
-        e = (
-            eids.to(torch.int64)
-            if eids is not None
-            else torch.arange(indices.numel(), device=q.device)
-        )
-        contrib = w[e][:, :, None] * gathered.to(torch.float32)
+        if weight is None:
+            entry_w = torch.ones((indices.numel(), heads), device=q.device)
+        else:
+            e = (
+                eids.to(torch.int64)
+                if eids is not None
+                else torch.arange(indices.numel(), device=q.device)
+            )
+            entry_w = _heads_weight(weight, heads)[e]
+        if row_scale is not None:
+            entry_w = entry_w * _heads_weight(row_scale, heads)[indices.to(torch.int64)]
+        contrib = entry_w[:, :, None] * gathered.to(torch.float32)
         acc = torch.zeros((rows, heads, width), dtype=torch.float32, device=q.device)
         acc.index_add_(0, row_of, contrib)
         out = acc * scale_t
@@ -300,37 +331,25 @@ def reference_qspmm4(
     scale: torch.Tensor | float,
     weight: torch.Tensor | None = None,
     eids: torch.Tensor | None = None,
+    row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The pure-PyTorch definition of the op ``qspmm4``: :func:`reference_qspmm` of the
     unpacked rows (it checks its arguments as the op does)."""
-    _check_qspmm(indptr, indices, packed, weight, eids, width=width)
+    _check_qspmm(indptr, indices, packed, weight, eids, width=width, row_scale=row_scale)
     q = packed_ref.unpack_int4(packed, width)
-    return reference_qspmm(indptr, indices, q, scale, weight, eids)
+    return reference_qspmm(indptr, indices, q, scale, weight, eids, row_scale)
 
 
-def _fold_row_scales(
-    fn: str,
-    indptr: torch.Tensor,
-    indices: torch.Tensor,
-    rows: torch.Tensor,
-    scale: torch.Tensor | float,
-    weight: torch.Tensor | None,
-    eids: torch.Tensor | None,
-    width: int | None = None,
-) -> tuple[torch.Tensor | float, torch.Tensor | None, torch.Tensor | None]:
-    """(scale, weight, eids) for the ops: as given for one scale; with one scale per row of
-    the input (``rows``: q, or the packed rows of ``width`` values), the scales folded into
-    the weights (see :func:`qspmm`) and a scale of 1."""
+def _split_scale(
+    fn: str, scale: torch.Tensor | float, rows: torch.Tensor
+) -> tuple[float, torch.Tensor | None]:
+    """(the ops' scale, their row_scale): one scale as it is; one per row of the input
+    (``rows``: q, or the packed rows) as a scale of 1 and float32 ``[N, k]`` row scales,
+    which the kernels multiply into each entry's weight as they gather (no E-sized
+    tensor is made)."""
     if per_tensor(scale):
-        return scale, weight, eids
-    scale_rows = row_scales(fn, "scale", scale, rows)
-    if weight is None:
-        return 1.0, scale_rows, indices
-    _check_qspmm(indptr, indices, rows, weight, eids, width=width)  # before anything is indexed
-    heads = rows.shape[1] if rows.dim() == 3 else 1
-    w = _heads_weight(weight, heads)
-    entry_w = w if eids is None else w[eids.to(torch.int64)]
-    return 1.0, entry_w[: indices.numel()] * scale_rows[indices.to(torch.int64)], None
+        return float(scale), None
+    return 1.0, row_scales(fn, "scale", scale, rows).contiguous()
 
 
 def qspmm(
@@ -349,15 +368,14 @@ def qspmm(
     ``qtrain.ops.quantize.quantize_per_row`` gives): the scale then varies along the
     sum, which becomes the weighted form with entry k's weight ``s[indices[k]]`` (times
     its edge weight, ``fl32(w[eids[k]] * s[indices[k]])``; per head where either is) and
-    an output scale of 1. Without edge weights no E-sized tensor is made: the op reads
-    the weight of entry k at ``indices[k]``.
+    an output scale of 1: the op's ``row_scale``, read by the kernels as they gather.
     """
-    scale, weight, eids = _fold_row_scales("qspmm", indptr, indices, q, scale, weight, eids)
+    op_scale, row_scale = _split_scale("qspmm", scale, q)
     chosen = dispatch.resolve("spmm", q, backend, kernels=SPMM_KERNELS)
     with dispatch.call("spmm", chosen):
         if chosen == "reference":
-            return reference_qspmm(indptr, indices, q, scale, weight, eids)
-        return torch.ops.qtrain.qspmm(indptr, indices, q, float(scale), weight, eids)
+            return reference_qspmm(indptr, indices, q, op_scale, weight, eids, row_scale)
+        return torch.ops.qtrain.qspmm(indptr, indices, q, op_scale, weight, eids, row_scale)
 
 
 def qspmm_packed(
@@ -377,14 +395,16 @@ def qspmm_packed(
     :func:`qspmm` (one, or one per row). Counted as the primitive "spmm", like
     :func:`qspmm`: it is the same SpMM, so per-primitive counts and profiles stay whole.
     """
-    scale, weight, eids = _fold_row_scales(
-        "qspmm4", indptr, indices, packed, scale, weight, eids, width=width
-    )
+    op_scale, row_scale = _split_scale("qspmm4", scale, packed)
     chosen = dispatch.resolve("spmm", packed, backend, kernels=SPMM_KERNELS)
     with dispatch.call("spmm", chosen):
         if chosen == "reference":
-            return reference_qspmm4(indptr, indices, packed, width, scale, weight, eids)
-        return torch.ops.qtrain.qspmm4(indptr, indices, packed, width, float(scale), weight, eids)
+            return reference_qspmm4(
+                indptr, indices, packed, width, op_scale, weight, eids, row_scale
+            )
+        return torch.ops.qtrain.qspmm4(
+            indptr, indices, packed, width, op_scale, weight, eids, row_scale
+        )
 
 
 def qspmm_incidence(

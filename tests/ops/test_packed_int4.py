@@ -226,13 +226,17 @@ def test_opcheck(device: str) -> None:
     packed = ref.pack_int4(q)
     w = torch.randn(nnz, 2, generator=gen(4))
     eids = torch.randperm(nnz, generator=gen(5))
-    ip, ix, qd, pd, wd, ed = _on(device, indptr, indices, q, packed, w, eids)
+    row_scale = torch.rand(15, 2, generator=gen(6))
+    ip, ix, qd, pd, wd, ed, rd = _on(device, indptr, indices, q, packed, w, eids, row_scale)
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     for args in (
         (ip, ix, pd, 5, 0.5, None, None),
         (ip, ix, pd, 5, 0.25, wd, ed),
         (ip, ix, pd[:, 0], 5, 0.125, wd[:, 0], None),
         (ip[:1], empty, pd[:0], 5, 1.0, None, None),
+        (ip, ix, pd, 5, 1.0, None, None, rd),
+        (ip, ix, pd, 5, 1.0, wd[:, :1], ed, rd[:, :1]),
+        (ip, ix, pd[:, 0], 5, 1.0, None, None, rd[:, 0]),
     ):
         opcheck(ops.qspmm4.default, args)
     for x in (qd, qd[:, 0], qd[0, 0], qd[:0], qd[..., :0]):
@@ -266,7 +270,7 @@ SETUP = (
     "w = torch.ones(3, device=dev)\n"
     "q = torch.zeros(2, 5, dtype=torch.int8, device=dev)\n"
     "from qtrain.ops.packed import pack_int4, unpack_int4\n"
-    "from qtrain.ops.sparse import qspmm_packed\n"
+    "from qtrain.ops.sparse import qspmm_packed, reference_qspmm4\n"
 )
 
 
@@ -322,6 +326,24 @@ def test_errors(device: str) -> None:
             "ops.qspmm4(ip, ix, p.to(other), 6, 1.0)",
             "ValueError",
             "packed is on",
+        ),
+        ErrorCase(
+            "raw qspmm4 row_scale rows",
+            "ops.qspmm4(ip, ix, p, 6, 1.0, None, None, torch.ones(3, device=dev))",
+            "ValueError",
+            r"qspmm4: row_scale must have shape \[2\], \[2, 1\]",
+        ),
+        ErrorCase(
+            "raw qspmm4 row_scale dtype",
+            "ops.qspmm4(ip, ix, p, 6, 1.0, w, None, torch.ones(2, dtype=torch.float16, device=dev))",
+            "TypeError",
+            "row_scale must be float32, got float16",
+        ),
+        ErrorCase(
+            "qspmm4 reference row_scale rows",
+            "reference_qspmm4(ip, ix, p, 6, 1.0, None, None, torch.ones(3, device=dev))",
+            "ValueError",
+            r"qspmm4: row_scale must have shape \[2\], \[2, 1\]",
         ),
         ErrorCase(
             "raw qspmm4 weight shape",

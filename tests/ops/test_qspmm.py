@@ -32,6 +32,7 @@ from support import (
     variants,
 )
 
+from qtrain.ops.packed import pack_int4
 from qtrain.ops.partition import spmm_items_per_unit
 from qtrain.ops.quantize import quantize
 from qtrain.ops.sparse import reference_qspmm
@@ -121,6 +122,80 @@ def test_large_graph_every_variant(device: str) -> None:
         assert_same(ops.qspmm(ip, ix, qd, float(scale), wd, ed), want_heads, variant)
         assert_same(ops.qspmm(ip, ix, qd[:, 0], float(scale), wd[:, 0], ed), want_one, variant)
         assert_same(ops.qspmm(ip, ix, qd, float(scale)), want_copy, variant)
+
+
+def _folded(
+    weight: torch.Tensor | None,
+    eids: torch.Tensor | None,
+    row_scale: torch.Tensor,
+    indices: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """What row_scale stands for: each entry's weight fl32(w[eids[k], h] * rs[indices[k], h])
+    as an [E, H] weight of its own (w taken as 1 without weight)."""
+    nnz = indices.numel()
+    w = torch.ones(nnz, 1) if weight is None else weight.to(torch.float32)
+    w = w.reshape(w.shape[0], w[0].numel() if w.shape[0] else 1)
+    if weight is not None and eids is not None:
+        w = w[eids.to(torch.int64)]
+    rs = row_scale.reshape(row_scale.shape[0], row_scale[0].numel())[indices.to(torch.int64)]
+    return (w[:nnz] * rs).expand(nnz, heads).contiguous()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("kind", ["uniform", "powerlaw", "zeros", "empty"])
+@pytest.mark.parametrize("with_eids", [False, True])
+def test_row_scale_is_the_folded_weight(
+    device: str, heads: int, kind: str, with_eids: bool
+) -> None:
+    """row_scale (one scale per input row, or per row and head) gives bit for bit the SpMM
+    whose entries' weights have the scales folded in, with and without an edge weight,
+    in every CPU variant, int8 and packed rows alike; the reference agrees exactly too."""
+    ops = library(device)
+    rows, n_in = 45, 31
+    if kind == "empty":
+        indptr, indices = (
+            torch.zeros(rows + 1, dtype=torch.int64),
+            torch.zeros(0, dtype=torch.int64),
+        )
+    else:
+        indptr, indices = csr(rows, n_in, 7, kind, seed=11 + heads)
+    nnz = indices.numel()
+    g = gen(12)
+    eids = torch.randperm(nnz, generator=g) if with_eids else None
+    rs_shapes = [(n_in,), (n_in, 1)] + ([(n_in, heads)] if heads > 1 else [])
+    w_shapes = [None, (nnz,), (nnz, heads)]
+    ip, ix, ed = _on(device, indptr, indices, eids)
+    for i, width in enumerate((1, 5, 8, 33, 64)):
+        q, _ = quantized(q_shape(n_in, heads, width), bits=4, seed=20 + i)
+        packed = pack_int4(q, backend="reference")
+        qd, pd = _on(device, q, packed)
+        for rs_shape in rs_shapes:
+            rs = 10.0 ** (torch.rand(rs_shape, generator=g) * 4 - 2)
+            rs[::4] = 0.0  # all-zero rows
+            for w_shape in w_shapes:
+                w = None if w_shape is None else torch.randn(w_shape, generator=g)
+                e = eids if w is not None else None
+                folded = _folded(w, e, rs, indices, heads)
+                if heads == 1:
+                    folded = folded[:, 0]
+                want_ref = reference_qspmm(indptr, indices, q, 0.5, folded)
+                got_ref = reference_qspmm(indptr, indices, q, 0.5, w, e, rs)
+                what = f"width {width}, row_scale {rs_shape}, weight {w_shape}"
+                assert_same(got_ref, want_ref, f"reference, {what}")
+                rsd, wd, fd = _on(device, rs, w, folded)
+                for variant in variants(device):
+                    want = ops.qspmm(ip, ix, qd, 0.5, fd)
+                    assert_same(
+                        ops.qspmm(ip, ix, qd, 0.5, wd, ed if w is not None else None, rsd),
+                        want,
+                        f"{variant}, {what}",
+                    )
+                    got4 = ops.qspmm4(
+                        ip, ix, pd, width, 0.5, wd, ed if w is not None else None, rsd
+                    )
+                    assert_same(got4, want, f"qspmm4 {variant}, {what}")
 
 
 def _hub_graph(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,13 +355,17 @@ def test_opcheck(device: str) -> None:
     q, _ = quantized((15, 2, 5), 8, seed=4)
     w = torch.randn(nnz, 2, generator=gen(4))
     eids = torch.randperm(nnz, generator=gen(5))
-    ip, ix, qd, wd, ed = _on(device, indptr, indices, q, w, eids)
+    row_scale = torch.rand(15, 2, generator=gen(6))
+    ip, ix, qd, wd, ed, rd = _on(device, indptr, indices, q, w, eids, row_scale)
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     for args in (
         (ip, ix, qd, 0.5, None, None),
         (ip.int(), ix, qd[:, 0], 0.25, wd[:, :1], ed),
         (ip, ix, qd, 0.125, wd, None),
         (ip[:1], empty, qd[:0], 1.0, None, None),
+        (ip, ix, qd, 1.0, None, None, rd),
+        (ip, ix, qd, 1.0, wd, ed, rd[:, :1]),
+        (ip.int(), ix, qd[:, 0], 0.5, wd[:, :1], None, rd[:, 0]),
     ):
         opcheck(ops.qspmm.default, args)
 
@@ -545,6 +624,66 @@ def test_errors(device: str) -> None:
                 "ops.qspmm(ip, ix, q, 1.0, torch.ones(0, device=dev), ix)",
                 "ValueError",
                 r"eids outside \[0, 0\)",
+            ),
+            ErrorCase(
+                "row_scale float64",
+                "ops.qspmm(ip, ix, q, 1.0, None, None, torch.ones(2, dtype=torch.float64, device=dev))",
+                "TypeError",
+                "row_scale must be float32, got float64",
+            ),
+            ErrorCase(
+                "row_scale rows",
+                "ops.qspmm(ip, ix, q, 1.0, w, None, torch.ones(3, device=dev))",
+                "ValueError",
+                r"row_scale must have shape \[2\], \[2, 1\] \(one per row of the input\), got \[3\]",
+            ),
+            ErrorCase(
+                "row_scale heads",
+                "ops.qspmm(ip, ix, q3, 1.0, None, None, torch.ones(2, 2, device=dev))",
+                "ValueError",
+                r"\[2\], \[2, 1\] or \[2, 3\] \(one per row of the input\), got \[2, 2\]",
+            ),
+            ErrorCase(
+                "row_scale per head on [N, D]",
+                "ops.qspmm(ip, ix, q, 1.0, None, None, torch.ones(2, 4, device=dev))",
+                "ValueError",
+                "row_scale must have shape",
+            ),
+            ErrorCase(
+                "row_scale 3-d",
+                "ops.qspmm(ip, ix, q3, 1.0, None, None, torch.ones(2, 3, 1, device=dev))",
+                "ValueError",
+                "row_scale must have shape",
+            ),
+            ErrorCase(
+                "row_scale 0-d",
+                "ops.qspmm(ip, ix, q, 1.0, None, None, torch.ones((), device=dev))",
+                "ValueError",
+                "row_scale must have shape",
+            ),
+            ErrorCase(
+                "row_scale sparse",
+                "ops.qspmm(ip, ix, q, 1.0, None, None, torch.ones(2, device=dev).to_sparse())",
+                "ValueError",
+                "row_scale must be a dense",
+            ),
+            ErrorCase(
+                "row_scale device",
+                "ops.qspmm(ip, ix, q, 1.0, None, None, torch.ones(2, device=other))",
+                "ValueError",
+                "row_scale is on",
+            ),
+            ErrorCase(
+                "index, row_scale",
+                "ops.qspmm(ip, i64(0, 1, 2), q, 1.0, None, None, torch.ones(2, device=dev))",
+                "ValueError",
+                r"an entry of indices is outside \[0, 2\) \(rows of q\)$",
+            ),
+            ErrorCase(
+                "index, row_scale per head, weight",
+                "ops.qspmm(ip, i64(0, -1, 1), q3, 1.0, w, ix, torch.ones(2, 3, device=dev))",
+                "ValueError",
+                "outside",
             ),
         ],
         device,
