@@ -323,23 +323,24 @@ inline void spmm_weights(const char* fn, const at::Tensor& indptr, const at::Ten
   }
 }
 
-// row_scale (qspmm / qspmm4): one float32 scale per input row, [N_in] or [N_in, 1], or one
-// per row and head, [N_in, H], on the op's device; entry k's weight is then multiplied by
-// row_scale[indices[k]] (its head's, per head).
-inline void spmm_row_scale(const char* fn, const at::Tensor& indptr, int64_t rows, int64_t heads,
-                           const std::optional<at::Tensor>& row_scale) {
-  if (!row_scale.has_value() || !row_scale->defined()) return;
-  const at::Tensor& r = *row_scale;
-  dense(fn, "row_scale", r);
-  same_device(fn, "row_scale", r, "indptr", indptr.device());
-  dtype(fn, "row_scale", r, at::kFloat);
+// A row scale (qspmm / qspmm4's row_scale, qsddmm's row_scale_lhs / _rhs): one float32
+// scale per row of the operand `of`, [rows] or [rows, 1], or one per row and head,
+// [rows, heads], on `device`.
+inline void row_scale(const char* fn, const char* name, const char* of, const at::Device& device,
+                      int64_t rows, int64_t heads, const std::optional<at::Tensor>& scale) {
+  if (!scale.has_value() || !scale->defined()) return;
+  const at::Tensor& r = *scale;
+  dense(fn, name, r);
+  TORCH_CHECK_VALUE(r.device() == device, fn, ": ", name, " is on ", r.device(), " but ", of,
+                    " is on ", device);
+  dtype(fn, name, r, at::kFloat);
   const bool shape_ok =
       (r.dim() == 1 || (r.dim() == 2 && (r.size(1) == 1 || r.size(1) == heads))) &&
       r.size(0) == rows;
-  TORCH_CHECK_VALUE(shape_ok, fn, ": row_scale must have shape [", rows, "], [", rows, ", 1]",
+  TORCH_CHECK_VALUE(shape_ok, fn, ": ", name, " must have shape [", rows, "], [", rows, ", 1]",
                     heads > 1 ? " or [" : "", heads > 1 ? std::to_string(rows) : std::string(),
                     heads > 1 ? ", " : "", heads > 1 ? std::to_string(heads) : std::string(),
-                    heads > 1 ? "]" : "", " (one per row of the input), got ", r.sizes());
+                    heads > 1 ? "]" : "", " (one per row of ", of, "), got ", r.sizes());
 }
 
 // width values packed two per byte take ceil(width / 2) bytes: the last dimension of

@@ -64,14 +64,16 @@ inline Spmm spmm(const at::Tensor& indptr, const at::Tensor& indices, const at::
 enum SddmmOp : int { kAdd = 0, kSub = 1, kMul = 2, kDot = 3 };
 
 struct Sddmm {
-  at::Tensor ql, qr, li, ri, out;
+  at::Tensor ql, qr, li, ri, rsl, rsr, out;  // rsl / rsr: row scales, undefined when absent
   int op = kAdd;
   bool wide = false;  // int64 indices (else int32)
-  int64_t E = 0, H = 1, D = 0;
+  int64_t E = 0, H = 1, D = 0, Hl = 1, Hr = 1;  // Hl / Hr: row scales per row (1 or H)
 };
 
 inline Sddmm sddmm(c10::string_view op, const at::Tensor& q_lhs, const at::Tensor& lhs_index,
-                   const at::Tensor& q_rhs, const at::Tensor& rhs_index) {
+                   const at::Tensor& q_rhs, const at::Tensor& rhs_index,
+                   const std::optional<at::Tensor>& row_scale_lhs,
+                   const std::optional<at::Tensor>& row_scale_rhs) {
   Sddmm s;
   if (op == c10::string_view("add")) {
     s.op = kAdd;
@@ -93,6 +95,14 @@ inline Sddmm sddmm(c10::string_view op, const at::Tensor& q_lhs, const at::Tenso
   s.E = s.li.numel();
   s.H = s.ql.dim() == 3 ? s.ql.size(1) : 1;
   s.D = s.ql.size(-1);
+  if (row_scale_lhs.has_value() && row_scale_lhs->defined()) {
+    s.rsl = row_scale_lhs->contiguous();
+    s.Hl = s.rsl.dim() == 1 ? 1 : s.rsl.size(1);
+  }
+  if (row_scale_rhs.has_value() && row_scale_rhs->defined()) {
+    s.rsr = row_scale_rhs->contiguous();
+    s.Hr = s.rsr.dim() == 1 ? 1 : s.rsr.size(1);
+  }
   std::vector<int64_t> shape{s.E};
   if (s.ql.dim() == 3) shape.push_back(s.H);
   shape.push_back(s.op == kDot ? 1 : s.D);

@@ -6,6 +6,9 @@
 //   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
 //   dot:       out[e, h, 0] = fl32(float(sum_d q_l[i,h,d] * q_r[j,h,d]) * fl32(s_l * s_r))
 //
+// With row scales s_l is fl32(scale_lhs * row_scale_lhs[i, h]) (s_r the same on the right),
+// read per edge and head as the rows are gathered (rows_scaled_body).
+//
 // Every output element is exact integer arithmetic or the same elementwise
 // float32 operations as the reference, so any split of the edges gives the
 // same bits; edges are cut into one contiguous range per thread. Rows are
@@ -26,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "common/sparse_operands.h"
@@ -63,6 +67,10 @@ struct SddmmArgs {
   float sl;
   float sr;
   float both;  // fl32(sl * sr)
+  const float* rsl;  // row scales of q_l (null: none), Hl per row
+  const float* rsr;  // row scales of q_r (null: none), Hr per row
+  int64_t Hl;
+  int64_t Hr;
 };
 
 // ---------------------------------------------------------------- kernel bodies
@@ -243,6 +251,73 @@ QT_ALWAYS_INLINE bool dot_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
   return all_ok;
 }
 
+// One side's scale for row `row`, head h: s, or fl32(s * rs[row, h]) with row scales.
+QT_ALWAYS_INLINE float side_scale(float s, const float* rs, int64_t Hs, int64_t row, int64_t h) {
+  return rs == nullptr ? s : s * rs[row * Hs + (Hs > 1 ? h : 0)];
+}
+
+// Any op over edges [e0, e1) with row scales on either side: each edge and head takes its
+// rows' scales, the lanes of a head computed as in the bodies above.
+template <int ISA, typename I>
+QT_ALWAYS_INLINE bool rows_scaled_body(int op, const SddmmArgs& a, int64_t e0, int64_t e1) {
+  const I* li = static_cast<const I*>(a.li);
+  const I* ri = static_cast<const I*>(a.ri);
+  const uint64_t n_l = static_cast<uint64_t>(a.n_l);
+  const uint64_t n_r = static_cast<uint64_t>(a.n_r);
+  const int64_t H = a.H, D = a.D, F = H * D;
+  const int64_t per_edge = op == kDot ? H : F;
+  constexpr int W = Lanes<ISA>::W;
+  bool all_ok = true;
+  for (int64_t e = e0; e < e1; ++e) {
+    const int64_t i = static_cast<int64_t>(li[e]);
+    const int64_t j = static_cast<int64_t>(ri[e]);
+    float* o = a.out + e * per_edge;
+    if (static_cast<uint64_t>(i) >= n_l || static_cast<uint64_t>(j) >= n_r) {
+      for (int64_t f = 0; f < per_edge; ++f) o[f] = 0.0f;
+      all_ok = false;
+      continue;
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const int8_t* x = a.ql + i * F + h * D;
+      const int8_t* y = a.qr + j * F + h * D;
+      const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
+      const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
+      const float both = sl * sr;
+      if (op == kDot) {
+        int64_t s = 0;
+        for (int64_t d0 = 0; d0 < D; d0 += kDotChunk) {
+          s += dot_i8<ISA>(x + d0, y + d0, std::min(kDotChunk, D - d0));
+        }
+        o[h] = static_cast<float>(s) * both;
+        continue;
+      }
+      float* oh = o + h * D;
+      int64_t f = 0;
+      for (; f + W <= D; f += W) {
+        typename Lanes<ISA>::vf v;
+        if (op == kAdd) {
+          v = elem_vec<ISA, kAdd>(x + f, y + f, sl, sr, both);
+        } else if (op == kSub) {
+          v = elem_vec<ISA, kSub>(x + f, y + f, sl, sr, both);
+        } else {
+          v = elem_vec<ISA, kMul>(x + f, y + f, sl, sr, both);
+        }
+        std::memcpy(oh + f, &v, sizeof v);
+      }
+      for (; f < D; ++f) {
+        if (op == kAdd) {
+          oh[f] = elem<kAdd>(x[f], y[f], sl, sr, both);
+        } else if (op == kSub) {
+          oh[f] = elem<kSub>(x[f], y[f], sl, sr, both);
+        } else {
+          oh[f] = elem<kMul>(x[f], y[f], sl, sr, both);
+        }
+      }
+    }
+  }
+  return all_ok;
+}
+
 template <int ISA, int OP, typename I>
 QT_ALWAYS_INLINE bool elementwise_by_width(const SddmmArgs& a, int64_t e0, int64_t e1) {
   switch (a.F) {
@@ -262,6 +337,7 @@ QT_ALWAYS_INLINE bool elementwise_by_width(const SddmmArgs& a, int64_t e0, int64
 // Width dispatch: specialised loops for the narrow rows GAT uses, the generic one otherwise.
 template <int ISA, typename I>
 QT_ALWAYS_INLINE bool edges_body(int op, const SddmmArgs& a, int64_t e0, int64_t e1) {
+  if (a.rsl != nullptr || a.rsr != nullptr) return rows_scaled_body<ISA, I>(op, a, e0, e1);
   if (op == kDot) {
     switch (a.D) {
       case 1:
@@ -310,10 +386,11 @@ const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,
                   const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
-                  const at::Tensor& rhs_index_in) {
+                  const at::Tensor& rhs_index_in, const std::optional<at::Tensor>& row_scale_lhs,
+                  const std::optional<at::Tensor>& row_scale_rhs) {
   constexpr const char* fn = "qtrain::qsddmm";
-  const sparse_operands::Sddmm s =
-      sparse_operands::sddmm(op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in);
+  const sparse_operands::Sddmm s = sparse_operands::sddmm(
+      op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in, row_scale_lhs, row_scale_rhs);
   const int op = s.op;
   const bool wide = s.wide;
   const at::Tensor &ql = s.ql, &qr = s.qr, &li = s.li, &ri = s.ri, &out = s.out;
@@ -336,6 +413,10 @@ at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double s
   a.sl = static_cast<float>(scale_lhs);
   a.sr = static_cast<float>(scale_rhs);
   a.both = a.sl * a.sr;
+  a.rsl = s.rsl.defined() ? s.rsl.const_data_ptr<float>() : nullptr;
+  a.rsr = s.rsr.defined() ? s.rsr.const_data_ptr<float>() : nullptr;
+  a.Hl = s.Hl;
+  a.Hr = s.Hr;
 
   const Kernels& K = kernels();
   const auto run = wide ? K.edges_i64 : K.edges_i32;

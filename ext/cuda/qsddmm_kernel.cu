@@ -6,6 +6,9 @@
 //   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
 //   dot:       out[e, h, 0] = fl32(float(sum_d q_l[i,h,d] * q_r[j,h,d]) * fl32(s_l * s_r))
 //
+// With row scales s_l is fl32(scale_lhs * row_scale_lhs[i, h]) (s_r the same on the right),
+// read per edge and head (per element for add / sub / mul, whose chunks may cross heads).
+//
 // Every output is exact integer arithmetic or the reference's elementwise float32
 // operations, so the result is bit-identical for any launch shape.
 //
@@ -25,6 +28,7 @@
 #include <c10/util/string_view.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -57,6 +61,10 @@ struct SddmmArgs {
   float sl;
   float sr;
   float both;  // fl32(sl * sr)
+  const float* rsl;  // row scales of q_l (null: none), Hl per row
+  const float* rsr;  // row scales of q_r (null: none), Hr per row
+  int64_t Hl;
+  int64_t Hr;
   bool vec;    // 32-bit gathers (and float4 stores for add / sub / mul)
   int* flag;
 };
@@ -69,6 +77,12 @@ __device__ __forceinline__ bool edge_rows(const SddmmArgs& a, int64_t e, int64_t
          static_cast<uint64_t>(j) < static_cast<uint64_t>(a.n_r);
 }
 
+// One side's scale for row `row`, head h: s, or fl32(s * rs[row, h]) with row scales.
+__device__ __forceinline__ float side_scale(float s, const float* rs, int64_t Hs, int64_t row,
+                                            int64_t h) {
+  return rs == nullptr ? s : __fmul_rn(s, __ldg(rs + row * Hs + (Hs > 1 ? h : 0)));
+}
+
 template <int OP>
 __device__ __forceinline__ float elem(int32_t x, int32_t y, float sl, float sr, float both) {
   if constexpr (OP == kAdd) {
@@ -78,6 +92,16 @@ __device__ __forceinline__ float elem(int32_t x, int32_t y, float sl, float sr, 
   } else {
     return __fmul_rn(__int2float_rn(x * y), both);
   }
+}
+
+// Element f of edge (i, j) with row scales: its head's scales.
+template <int OP>
+__device__ __forceinline__ float elem_rows_scaled(const SddmmArgs& a, int64_t i, int64_t j,
+                                                  int64_t f, int32_t x, int32_t y) {
+  const int64_t h = a.D > 0 ? f / a.D : 0;
+  const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
+  const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
+  return elem<OP>(x, y, sl, sr, __fmul_rn(sl, sr));
 }
 
 template <typename I, int G, int OP>
@@ -94,6 +118,13 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(SddmmArgs a) {
   }
   const int8_t* x = a.ql + i * a.F;
   const int8_t* y = a.qr + j * a.F;
+  if (a.rsl != nullptr || a.rsr != nullptr) {
+    for (int64_t f = lane; f < a.F; f += G) {
+      o[f] = elem_rows_scaled<OP>(a, i, j, f, static_cast<int32_t>(__ldg(x + f)),
+                                  static_cast<int32_t>(__ldg(y + f)));
+    }
+    return;
+  }
   if (a.vec) {
     for (int64_t f = 4 * lane; f < a.F; f += 4 * G) {
       const uint32_t wx = __ldg(reinterpret_cast<const uint32_t*>(x + f));
@@ -157,7 +188,11 @@ __global__ void __launch_bounds__(kThreads) dot_kernel(SddmmArgs a) {
     } else {
       f = __int2float_rn(s);
     }
-    a.out[p] = __fmul_rn(f, a.both);
+    float both = a.both;
+    if (a.rsl != nullptr || a.rsr != nullptr) {
+      both = __fmul_rn(side_scale(a.sl, a.rsl, a.Hl, i, h), side_scale(a.sr, a.rsr, a.Hr, j, h));
+    }
+    a.out[p] = __fmul_rn(f, both);
   }
 }
 
@@ -210,11 +245,12 @@ void launch(int op, const SddmmArgs& a, cudaStream_t stream) {
 
 at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,
                   const at::Tensor& lhs_index_in, const at::Tensor& q_rhs_in, double scale_rhs,
-                  const at::Tensor& rhs_index_in) {
+                  const at::Tensor& rhs_index_in, const std::optional<at::Tensor>& row_scale_lhs,
+                  const std::optional<at::Tensor>& row_scale_rhs) {
   constexpr const char* fn = "qtrain::qsddmm";
   const c10::cuda::CUDAGuard guard(q_lhs_in.device());
-  const sparse_operands::Sddmm s =
-      sparse_operands::sddmm(op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in);
+  const sparse_operands::Sddmm s = sparse_operands::sddmm(
+      op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in, row_scale_lhs, row_scale_rhs);
   const int op = s.op;
   const bool wide = s.wide;
   const at::Tensor &ql = s.ql, &qr = s.qr, &li = s.li, &ri = s.ri, &out = s.out;
@@ -237,6 +273,10 @@ at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double s
   a.sl = static_cast<float>(scale_lhs);
   a.sr = static_cast<float>(scale_rhs);
   a.both = a.sl * a.sr;  // host float32 multiply, as the CPU op
+  a.rsl = s.rsl.defined() ? s.rsl.const_data_ptr<float>() : nullptr;
+  a.rsr = s.rsr.defined() ? s.rsr.const_data_ptr<float>() : nullptr;
+  a.Hl = s.Hl;
+  a.Hr = s.Hr;
   const int64_t width = op == kDot ? D : a.F;
   a.vec = width % 4 == 0 && a.F % 4 == 0 && is_aligned(a.ql, 4) && is_aligned(a.qr, 4) &&
           is_aligned(a.out, 16);

@@ -6,6 +6,10 @@
 //   mul:       out[e] = fl32(float(q_l[i] * q_r[j]) * fl32(s_l * s_r))
 //   dot:       out[e, h, 0] = fl32(float(sum_d q_l[i,h,d] * q_r[j,h,d]) * fl32(s_l * s_r))
 //
+// s_l is scale_lhs, or with row_scale_lhs fl32(scale_lhs * row_scale_lhs[i, h]) (one scale per
+// row of q_lhs, float32 [N_l], [N_l, 1], or per row and head [N_l, H]: the head's); s_r the
+// same on the right.
+//
 // q_lhs and q_rhs are int8 with the same trailing shape [D] or [H, D]; add / sub / mul
 // give float32 [E, *trailing], dot [E, 1] or [E, H, 1]. The two index tensors may mix
 // int32 and int64 (the kernels promote them). The kernels refuse an index outside its
@@ -15,6 +19,8 @@
 
 #include <c10/util/string_view.h>
 
+#include <optional>
+
 namespace qtrain {
 namespace {
 
@@ -22,13 +28,17 @@ struct QSddmm {
   static constexpr const char* kName = "qsddmm";
   static constexpr const char* kSchema =
       "qsddmm(str op, Tensor q_lhs, float scale_lhs, Tensor lhs_index, Tensor q_rhs,"
-      " float scale_rhs, Tensor rhs_index) -> Tensor";
+      " float scale_rhs, Tensor rhs_index, Tensor? row_scale_lhs=None,"
+      " Tensor? row_scale_rhs=None) -> Tensor";
   using Signature = at::Tensor(c10::string_view, const at::Tensor&, double, const at::Tensor&,
-                               const at::Tensor&, double, const at::Tensor&);
+                               const at::Tensor&, double, const at::Tensor&,
+                               const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&);
 
   static void check(c10::string_view op, const at::Tensor& q_lhs, double,
                     const at::Tensor& lhs_index, const at::Tensor& q_rhs, double,
-                    const at::Tensor& rhs_index) {
+                    const at::Tensor& rhs_index, const std::optional<at::Tensor>& row_scale_lhs,
+                    const std::optional<at::Tensor>& row_scale_rhs) {
     constexpr const char* fn = "qtrain::qsddmm";
     TORCH_CHECK_VALUE(op == c10::string_view("add") || op == c10::string_view("sub") ||
                           op == c10::string_view("mul") || op == c10::string_view("dot"),
@@ -46,6 +56,9 @@ struct QSddmm {
                       " and ", q_rhs.sizes());
     TORCH_CHECK_VALUE(lhs_index.numel() == rhs_index.numel(), fn, ": lhs_index has ",
                       lhs_index.numel(), " entries, rhs_index ", rhs_index.numel());
+    const int64_t heads = q_lhs.dim() == 3 ? q_lhs.size(1) : 1;
+    checks::row_scale(fn, "row_scale_lhs", "q_lhs", device, q_lhs.size(0), heads, row_scale_lhs);
+    checks::row_scale(fn, "row_scale_rhs", "q_rhs", device, q_rhs.size(0), heads, row_scale_rhs);
   }
 };
 

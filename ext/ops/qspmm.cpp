@@ -44,7 +44,8 @@ struct QSpmm {
     checks::int8_rows(fn, "q", q);
     checks::same_device(fn, "q", q, "indptr", indptr.device());
     checks::spmm_weights(fn, indptr, indices, q.dim() == 3 ? q.size(1) : 1, weight, eids);
-    checks::spmm_row_scale(fn, indptr, q.size(0), q.dim() == 3 ? q.size(1) : 1, row_scale);
+    checks::row_scale(fn, "row_scale", "q", q.device(), q.size(0), q.dim() == 3 ? q.size(1) : 1,
+                      row_scale);
   }
 };
 

@@ -46,8 +46,8 @@ struct QSpmm4 {
     checks::int4_width(fn, packed, width);
     checks::spmm_weights(fn, indptr, indices, packed.dim() == 3 ? packed.size(1) : 1, weight,
                          eids);
-    checks::spmm_row_scale(fn, indptr, packed.size(0), packed.dim() == 3 ? packed.size(1) : 1,
-                           row_scale);
+    checks::row_scale(fn, "row_scale", "packed", packed.device(), packed.size(0),
+                      packed.dim() == 3 ? packed.size(1) : 1, row_scale);
   }
 };
 

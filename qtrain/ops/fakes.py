@@ -98,6 +98,8 @@ def qsddmm(
     q_rhs: Tensor,
     scale_rhs: float,
     rhs_index: Tensor,
+    row_scale_lhs: Tensor | None = None,
+    row_scale_rhs: Tensor | None = None,
 ) -> Tensor:
     edges = lhs_index.shape[0]
     trailing = (*q_lhs.shape[1:-1], 1) if op == "dot" else q_lhs.shape[1:]

@@ -138,20 +138,22 @@ def _check_weight(
         )
 
 
-def _check_row_scale(fn: str, row_scale: object, rows: int, heads: int, like: torch.Tensor) -> None:
-    """float32 ``[rows]``, ``[rows, 1]`` or ``[rows, heads]`` on like's device."""
-    r = _check_dense(fn, "row_scale", row_scale)
-    _check_device(fn, "row_scale", r, "indptr", like)
+def _check_row_scale(fn: str, name: str, row_scale: object, of: str, q: torch.Tensor) -> None:
+    """One float32 scale per row of q (the operand named ``of``), ``[N]`` or ``[N, 1]``, or
+    per row and head, ``[N, H]``, on q's device (the ops' ``checks::row_scale``)."""
+    r = _check_dense(fn, name, row_scale)
+    _check_device(fn, name, r, of, q)
     if r.dtype != torch.float32:
-        raise TypeError(f"{fn}: row_scale must be float32, got {_dtype_name(r.dtype)}")
+        raise TypeError(f"{fn}: {name} must be float32, got {_dtype_name(r.dtype)}")
+    rows, heads = q.shape[0], q.shape[1] if q.dim() == 3 else 1
     shape_ok = (r.dim() == 1 or (r.dim() == 2 and r.shape[1] in (1, heads))) and (
         r.shape[0] == rows
     )
     if not shape_ok:
         per_head = f" or [{rows}, {heads}]" if heads > 1 else ""
         raise ValueError(
-            f"{fn}: row_scale must have shape [{rows}], [{rows}, 1]{per_head} (one per row of "
-            f"the input), got {list(r.shape)}"
+            f"{fn}: {name} must have shape [{rows}], [{rows}, 1]{per_head} (one per row of "
+            f"{of}), got {list(r.shape)}"
         )
 
 
@@ -201,7 +203,7 @@ def _check_qspmm(
     if weight is not None:
         _check_weight(fn, weight, heads, nnz, eids is not None, indptr)
     if row_scale is not None:
-        _check_row_scale(fn, row_scale, q.shape[0], heads, indptr)
+        _check_row_scale(fn, "row_scale", row_scale, name, q)
     _check_indptr(fn, indptr, nnz)
     bad_eids = weight is not None and eids is not None and not _in_range(eids, weight.shape[0])
     if not _in_range(indices, q.shape[0]) or bad_eids:
@@ -217,6 +219,8 @@ def _check_qsddmm(
     lhs_index: torch.Tensor,
     q_rhs: torch.Tensor,
     rhs_index: torch.Tensor,
+    row_scale_lhs: torch.Tensor | None = None,
+    row_scale_rhs: torch.Tensor | None = None,
 ) -> None:
     """What ``torch.ops.qtrain.qsddmm`` refuses (front and kernels), refused the same way."""
     fn = "qsddmm"
@@ -238,6 +242,10 @@ def _check_qsddmm(
         raise ValueError(
             f"{fn}: lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
         )
+    if row_scale_lhs is not None:
+        _check_row_scale(fn, "row_scale_lhs", row_scale_lhs, "q_lhs", q_lhs)
+    if row_scale_rhs is not None:
+        _check_row_scale(fn, "row_scale_rhs", row_scale_rhs, "q_rhs", q_rhs)
     if not (_in_range(lhs_index, q_lhs.shape[0]) and _in_range(rhs_index, q_rhs.shape[0])):
         raise ValueError(
             f"{fn}: an entry of lhs_index is outside [0, {q_lhs.shape[0]}) (rows of q_lhs) "
@@ -341,15 +349,14 @@ def reference_qspmm4(
 
 
 def _split_scale(
-    fn: str, scale: torch.Tensor | float, rows: torch.Tensor
+    fn: str, scale: torch.Tensor | float, rows: torch.Tensor, name: str = "scale"
 ) -> tuple[float, torch.Tensor | None]:
-    """(the ops' scale, their row_scale): one scale as it is; one per row of the input
+    """(the op's scale, its row scales): one scale as it is; one per row of the operand
     (``rows``: q, or the packed rows) as a scale of 1 and float32 ``[N, k]`` row scales,
-    which the kernels multiply into each entry's weight as they gather (no E-sized
-    tensor is made)."""
+    which the kernels read per entry as they gather (no E-sized tensor is made)."""
     if per_tensor(scale):
         return float(scale), None
-    return 1.0, row_scales(fn, "scale", scale, rows).contiguous()
+    return 1.0, row_scales(fn, name, scale, rows).contiguous()
 
 
 def qspmm(
@@ -429,22 +436,44 @@ def reference_qsddmm(
     q_rhs: torch.Tensor,
     scale_rhs: torch.Tensor | float,
     rhs_index: torch.Tensor,
+    row_scale_lhs: torch.Tensor | None = None,
+    row_scale_rhs: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The pure-PyTorch definition of :func:`qsddmm` (it checks its arguments as the op does)."""
-    _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)
+    """The pure-PyTorch definition of the op ``qsddmm`` (it checks its arguments as the op
+    does)."""
+    _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index, row_scale_lhs, row_scale_rhs)
     a = q_lhs[lhs_index.to(torch.int64)]
     b = q_rhs[rhs_index.to(torch.int64)]
-    sl = torch.as_tensor(scale_lhs, dtype=torch.float32, device=a.device).reshape(())
-    sr = torch.as_tensor(scale_rhs, dtype=torch.float32, device=a.device).reshape(())
+    sl = _side_scales(scale_lhs, row_scale_lhs, lhs_index, a)
+    sr = _side_scales(scale_rhs, row_scale_rhs, rhs_index, b)
     if op in ("add", "sub"):
         da = a.to(torch.float32) * sl
         db = b.to(torch.float32) * sr
         return da + db if op == "add" else da - db
-    both = torch.tensor(combined_scale(sl, sr), dtype=torch.float32, device=a.device)
+    if sl.dim() == 0 and sr.dim() == 0:
+        both = torch.tensor(combined_scale(sl, sr), dtype=torch.float32, device=a.device)
+    else:
+        both = sl * sr  # float32 per edge (and head)
     prod = a.to(torch.int32) * b.to(torch.int32)
     if op == "mul":
         return prod.to(torch.float32) * both
     return prod.sum(dim=-1, keepdim=True).to(torch.float32) * both
+
+
+def _side_scales(
+    scale: torch.Tensor | float,
+    row_scale: torch.Tensor | None,
+    index: torch.Tensor,
+    gathered: torch.Tensor,
+) -> torch.Tensor:
+    """One side's scale: 0-d, or with row scales fl32(scale * row_scale[index]) per edge
+    (and head), shaped to broadcast over the gathered rows ``[E, D]`` / ``[E, H, D]``."""
+    s = torch.as_tensor(scale, dtype=torch.float32, device=gathered.device).reshape(())
+    if row_scale is None:
+        return s
+    heads = gathered.shape[1] if gathered.dim() == 3 else 1
+    per_edge = s * _heads_weight(row_scale, heads)[index.to(torch.int64)]  # [E, H]
+    return per_edge[:, :, None] if gathered.dim() == 3 else per_edge
 
 
 def qsddmm(
@@ -461,57 +490,15 @@ def qsddmm(
 
     A scale may be one per row of its tensor (as in :func:`qspmm`; per node and head for
     ``[N, H, D]`` rows): each edge then takes its rows' scales, ``s_l[i]`` and ``s_r[j]``
-    (per head where either is), in the same formulas (mul and dot: the
-    integer result times ``fl32(s_l[i] * s_r[j])``, applied after the op runs with scales
-    of 1; add and sub: the rows dequantized, then gathered and added by PyTorch, which the
-    kernel counter records as the "reference" backend)."""
-    if per_tensor(scale_lhs) and per_tensor(scale_rhs):
-        return _qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index, backend)
-    _check_qsddmm(op, q_lhs, lhs_index, q_rhs, rhs_index)  # before anything is indexed
-    if op in ("add", "sub"):
-        # fl32(q * s) of every node row, then gathered: the values the edges would compute;
-        # no kernel takes per-row scales here, so PyTorch runs it (counted as "reference")
-        with dispatch.call("sddmm", "reference"):
-            a = _dequantized_rows("scale_lhs", scale_lhs, q_lhs)[lhs_index.to(torch.int64)]
-            b = _dequantized_rows("scale_rhs", scale_rhs, q_rhs)[rhs_index.to(torch.int64)]
-            return a + b if op == "add" else a - b
-    sl = _edge_scales("scale_lhs", scale_lhs, q_lhs, lhs_index)
-    sr = _edge_scales("scale_rhs", scale_rhs, q_rhs, rhs_index)
-    out = _qsddmm(op, q_lhs, 1.0, lhs_index, q_rhs, 1.0, rhs_index, backend)
-    return out * (sl * sr)
-
-
-def _dequantized_rows(name: str, scale: torch.Tensor | float, q: torch.Tensor) -> torch.Tensor:
-    """float32 ``q * s`` with one scale for q or one per row."""
-    return q.to(torch.float32) * _edge_scales(name, scale, q)
-
-
-def _edge_scales(
-    name: str, scale: torch.Tensor | float, q: torch.Tensor, index: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The scales of the rows ``index`` selects (None: every row of q), one per edge, shaped
-    to broadcast over a per-edge result ``[E, ...]`` (one scale: the 0-d scale itself)."""
-    if per_tensor(scale):
-        return torch.as_tensor(scale, dtype=torch.float32, device=q.device).reshape(())
-    rows = row_scales("qsddmm", name, scale, q)  # [N, 1 or H]
-    edges = rows if index is None else rows[index.to(torch.int64)]
-    return edges.reshape(*edges.shape, *[1] * (q.dim() - 2))
-
-
-def _qsddmm(
-    op: str,
-    q_lhs: torch.Tensor,
-    scale_lhs: torch.Tensor | float,
-    lhs_index: torch.Tensor,
-    q_rhs: torch.Tensor,
-    scale_rhs: torch.Tensor | float,
-    rhs_index: torch.Tensor,
-    backend: str,
-) -> torch.Tensor:
+    (per head where either is), in the same formulas (mul and dot: the integer result
+    times ``fl32(s_l[i] * s_r[j])``; add and sub: ``fl32(q_l[i] * s_l[i]) +/- fl32(q_r[j] *
+    s_r[j])``): the op's ``row_scale_lhs`` / ``row_scale_rhs``, read by the kernels per
+    edge and head."""
+    op_scale_lhs, row_scale_lhs = _split_scale("qsddmm", scale_lhs, q_lhs, "scale_lhs")
+    op_scale_rhs, row_scale_rhs = _split_scale("qsddmm", scale_rhs, q_rhs, "scale_rhs")
+    args = (op, q_lhs, op_scale_lhs, lhs_index, q_rhs, op_scale_rhs, rhs_index)
     chosen = dispatch.resolve("sddmm", q_lhs, backend, kernels=SDDMM_KERNELS)
     with dispatch.call("sddmm", chosen):
         if chosen == "reference":
-            return reference_qsddmm(op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index)
-        return torch.ops.qtrain.qsddmm(
-            op, q_lhs, float(scale_lhs), lhs_index, q_rhs, float(scale_rhs), rhs_index
-        )
+            return reference_qsddmm(*args, row_scale_lhs, row_scale_rhs)
+        return torch.ops.qtrain.qsddmm(*args, row_scale_lhs, row_scale_rhs)

@@ -132,6 +132,76 @@ def test_edge_cases(device: str, op: str) -> None:
         assert_same(got, want, variant)
 
 
+def _by_definition(
+    op: str,
+    ql: torch.Tensor,
+    sl: float,
+    rsl: torch.Tensor | None,
+    lhs: torch.Tensor,
+    qr: torch.Tensor,
+    sr: float,
+    rsr: torch.Tensor | None,
+    rhs: torch.Tensor,
+) -> torch.Tensor:
+    """The op's formulas with each edge's (and head's) scales s = fl32(scale * rs[row, h]),
+    written out per head, independently of reference_qsddmm."""
+    heads = ql.shape[1] if ql.dim() == 3 else 1
+    a = ql[lhs].reshape(lhs.numel(), heads, -1)
+    b = qr[rhs].reshape(rhs.numel(), heads, -1)
+
+    def side(s: float, rs: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor:
+        if rs is None:
+            return torch.full((rows.numel(), heads), s)
+        per_row = rs.reshape(rs.shape[0], -1).expand(rs.shape[0], heads)
+        return torch.tensor(s, dtype=torch.float32) * per_row[rows]
+
+    el, er = side(sl, rsl, lhs)[:, :, None], side(sr, rsr, rhs)[:, :, None]
+    if op in ("add", "sub"):
+        x, y = a.to(torch.float32) * el, b.to(torch.float32) * er
+        out = x + y if op == "add" else x - y
+    else:
+        prod = a.to(torch.int32) * b.to(torch.int32)
+        if op == "dot":
+            prod = prod.sum(-1, keepdim=True)
+        out = prod.to(torch.float32) * (el * er)
+    width = 1 if op == "dot" else ql.shape[-1]
+    return out.reshape(lhs.numel(), *(() if ql.dim() == 2 else (heads,)), width)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", SDDMM_OPS)
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("sides", ["lhs", "rhs", "both"])
+def test_row_scales(device: str, op: str, heads: int, sides: str) -> None:
+    """row_scale_lhs / row_scale_rhs (one scale per row, or per row and head) give each
+    edge and head fl32(scale * row_scale[row, h]), bit for bit in every kernel variant and
+    in the reference; all-zero and power-of-ten scales, widths from 1 to 64."""
+    ops = library(device)
+    g = gen(30 + heads)
+    n_l, n_r, n_e = 23, 17, 157
+    lhs = torch.randint(0, n_l, (n_e,), generator=g)
+    rhs = torch.randint(0, n_r, (n_e,), generator=g).to(torch.int32)
+    li, ri = lhs.to(device), rhs.to(device)
+    shapes = [(), (1,)] + ([(heads,)] if heads > 1 else [])
+    for i, width in enumerate((1, 2, 4, 5, 8, 33, 64)):
+        ql = torch.randint(-128, 128, q_shape(n_l, heads, width), generator=g, dtype=torch.int8)
+        qr = torch.randint(-8, 8, q_shape(n_r, heads, width), generator=g, dtype=torch.int8)
+        for shape in shapes:
+            rsl = 10.0 ** (torch.rand((n_l, *shape), generator=g) * 6 - 3)
+            rsr = 10.0 ** (torch.rand((n_r, *shape), generator=g) * 6 - 3)
+            rsl[::5], rsr[1::4] = 0.0, 0.0
+            rsl = rsl if sides != "rhs" else None
+            rsr = rsr if sides != "lhs" else None
+            sl, sr = (0.75, 1.0) if i % 2 else (1.0, 0.3)
+            want = _by_definition(op, ql, sl, rsl, lhs, qr, sr, rsr, rhs.long())
+            what = f"width {width}, row scales {shape}"
+            assert_same(reference_qsddmm(op, ql, sl, lhs, qr, sr, rhs, rsl, rsr), want, what)
+            qld, qrd, rld, rrd = (None if t is None else t.to(device) for t in (ql, qr, rsl, rsr))
+            for variant in variants(device):
+                got = ops.qsddmm(op, qld, sl, li, qrd, sr, ri, rld, rrd)
+                assert_same(got, want, f"{variant}, {what}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device: str) -> None:
     ops = library(device)
@@ -140,11 +210,16 @@ def test_opcheck(device: str) -> None:
     qr = torch.randint(-128, 128, (6, 4, 3), generator=g, dtype=torch.int8).to(device)
     li = torch.randint(0, 9, (20,), generator=g).to(device)
     ri = torch.randint(0, 6, (20,), generator=g).to(torch.int32).to(device)
+    rs_l = torch.rand(9, 4, generator=g).to(device)
+    rs_r = torch.rand(6, 4, generator=g).to(device)
     for args in (
         ("dot", ql, 0.5, li, qr, 0.25, ri),
         ("add", ql[:, 0], 0.5, li, qr[:, 0], 0.25, ri),
         ("mul", ql, 0.5, li.int(), qr, 2.0, ri),
         ("sub", ql, 1.0, li[:0], qr, 1.0, ri[:0]),
+        ("dot", ql, 1.0, li, qr, 1.0, ri, rs_l, rs_r),
+        ("add", ql, 0.5, li, qr, 1.0, ri, rs_l[:, :1], None),
+        ("mul", ql[:, 0], 1.0, li, qr[:, 0], 2.0, ri, None, rs_r[:, 0]),
     ):
         opcheck(ops.qsddmm.default, args)
 
@@ -325,6 +400,54 @@ def test_errors(device: str) -> None:
             ErrorCase(
                 "lhs too large, dot no heads",
                 "ops.qsddmm('dot', q3[:, :0], 1.0, i64(3, 0), q3[:, :0], 1.0, idx)",
+                "ValueError",
+                "outside",
+            ),
+            ErrorCase(
+                "row_scale_lhs float64",
+                "ops.qsddmm('dot', q, 1.0, idx, q, 1.0, idx, torch.ones(3, dtype=torch.float64, device=dev))",
+                "TypeError",
+                "row_scale_lhs must be float32, got float64",
+            ),
+            ErrorCase(
+                "row_scale_rhs rows",
+                "ops.qsddmm('add', q, 1.0, idx, q, 1.0, idx, None, torch.ones(2, device=dev))",
+                "ValueError",
+                r"row_scale_rhs must have shape \[3\], \[3, 1\] \(one per row of q_rhs\), got \[2\]",
+            ),
+            ErrorCase(
+                "row_scale_lhs heads",
+                "ops.qsddmm('mul', q3, 1.0, idx, q3, 1.0, idx, torch.ones(3, 3, device=dev))",
+                "ValueError",
+                r"\[3\], \[3, 1\] or \[3, 2\] \(one per row of q_lhs\), got \[3, 3\]",
+            ),
+            ErrorCase(
+                "row_scale_rhs 3-d",
+                "ops.qsddmm('dot', q3, 1.0, idx, q3, 1.0, idx, None, torch.ones(3, 2, 1, device=dev))",
+                "ValueError",
+                "row_scale_rhs must have shape",
+            ),
+            ErrorCase(
+                "row_scale_lhs device",
+                "ops.qsddmm('sub', q, 1.0, idx, q, 1.0, idx, torch.ones(3, device=other))",
+                "ValueError",
+                "row_scale_lhs is on",
+            ),
+            ErrorCase(
+                "row_scale_rhs sparse",
+                "ops.qsddmm('sub', q, 1.0, idx, q, 1.0, idx, None, torch.ones(3, device=dev).to_sparse())",
+                "ValueError",
+                "row_scale_rhs must be a dense",
+            ),
+            ErrorCase(
+                "lhs too large, row scales",
+                "ops.qsddmm('dot', q3, 1.0, i64(3, 0), q3, 1.0, idx, torch.ones(3, 2, device=dev), torch.ones(3, device=dev))",
+                "ValueError",
+                outside,
+            ),
+            ErrorCase(
+                "rhs negative, row scales, add",
+                "ops.qsddmm('add', q, 1.0, idx, q, 1.0, i64(0, -1), torch.ones(3, device=dev))",
                 "ValueError",
                 "outside",
             ),

@@ -635,13 +635,13 @@ def test_errors(device: str) -> None:
                 "row_scale rows",
                 "ops.qspmm(ip, ix, q, 1.0, w, None, torch.ones(3, device=dev))",
                 "ValueError",
-                r"row_scale must have shape \[2\], \[2, 1\] \(one per row of the input\), got \[3\]",
+                r"row_scale must have shape \[2\], \[2, 1\] \(one per row of q\), got \[3\]",
             ),
             ErrorCase(
                 "row_scale heads",
                 "ops.qspmm(ip, ix, q3, 1.0, None, None, torch.ones(2, 2, device=dev))",
                 "ValueError",
-                r"\[2\], \[2, 1\] or \[2, 3\] \(one per row of the input\), got \[2, 2\]",
+                r"\[2\], \[2, 1\] or \[2, 3\] \(one per row of q\), got \[2, 2\]",
             ),
             ErrorCase(
                 "row_scale per head on [N, D]",

@@ -254,18 +254,18 @@ def test_qsddmm_refuses_bad_row_scales_and_indices(device: str) -> None:
 
 
 def test_qsddmm_with_row_scales_counts_the_backend_that_ran() -> None:
-    """add / sub with per-row scales run in PyTorch (no kernel takes them): the kernel
-    counter says "reference", never a compiled backend that did not run; mul / dot run
-    the compiled op."""
+    """Every op with per-row scales runs the compiled kernel (row_scale_lhs / _rhs), and
+    the kernel counter says so; backend="reference" runs and counts the reference."""
     from qtrain.ops import dispatch
 
     q, index, scale = _q((4, 3), 1), torch.tensor([0, 3, 1]), torch.ones(4)
-    dispatch.reset()
-    qsddmm("add", q, scale, index, q, scale, index)
-    assert dispatch.snapshot()["sddmm"] == {"reference": 1}
-    dispatch.reset()
-    qsddmm("dot", q, scale, index, q, scale, index)
-    assert dispatch.snapshot()["sddmm"] == {"ext-cpu": 1}
+    for op in ("add", "sub", "mul", "dot"):
+        dispatch.reset()
+        qsddmm(op, q, scale, index, q, scale, index)
+        assert dispatch.snapshot()["sddmm"] == {"ext-cpu": 1}, op
+        dispatch.reset()
+        qsddmm(op, q, scale, index, q, scale, index, backend="reference")
+        assert dispatch.snapshot()["sddmm"] == {"reference": 1}, op
     dispatch.reset()
 
 
