@@ -6,7 +6,9 @@ fp32 inputs (``qtrain.ops.quantize``, ext-cpu), as training would; the graph's
 CSR / edge lists are structure, built once outside the timing like DGL's own
 cached formats. bf16 rows run DGL on inputs already in bf16 inside
 ``torch.autocast(device_type="cpu", dtype=torch.bfloat16)`` (the cast is not
-timed, which favours the baseline). The candidates of a row (DGL fp32, DGL bf16,
+timed, which favours the baseline). ``--scales row`` quantizes with one scale per row
+(per node and head for the multi-head rows: tango's default), which the kernels read
+as they gather (``row_scale``); ``tensor`` (the default) one scale per tensor. The candidates of a row (DGL fp32, DGL bf16,
 qtrain nearest / stochastic) run round robin after one warm-up call each, one call
 of each per round with the order rotated, every call timed by
 ``torch.utils.benchmark.Timer`` (``bench/_timing.py``); each gets the median of
@@ -14,7 +16,7 @@ of each per round with the order rotated, every call timed by
 are of the medians, baseline / qtrain, measured in the same process.
 
     python bench/sparse.py [--threads 2] [--dataset synthetic-arxiv] [--widths 128 256]
-                           [--repeat N] [--json PATH]
+                           [--scales tensor|row] [--repeat N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from _timing import Timing, interleaved
 from qtrain._compat import import_dgl
 from qtrain.data import load_dataset
 from qtrain.ops import backends
-from qtrain.ops.quantize import quantize
+from qtrain.ops.quantize import quantize, quantize_per_row
 from qtrain.ops.sparse import qsddmm, qspmm
 
 HEADS = 4  # GAT's head count for the multi-head and u_add_v shapes
@@ -69,19 +71,35 @@ def _cell(ms: float | str | None, iqr: float | None, width: int = 14) -> str:
     return f"{f'{ms:.1f} ± {iqr:.1f}':>{width}}"
 
 
+def quantize_8(
+    x: torch.Tensor, scales: str, rounding: str = "nearest"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x at 8 bits with one scale per tensor or per row (of the last dimension: per node
+    and head for [N, H, D])."""
+    if scales == "row":
+        return quantize_per_row(x, 8, rounding, seed=1, backend="ext-cpu")
+    return quantize(x, 8, rounding, seed=1, backend="ext-cpu")
+
+
 def spmm_q(
-    x: torch.Tensor, csr: tuple[torch.Tensor, ...], rounding: str, w: torch.Tensor | None = None
+    x: torch.Tensor,
+    csr: tuple[torch.Tensor, ...],
+    rounding: str,
+    scales: str,
+    w: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Quantize x once (8 bits) and aggregate over the in-CSR."""
     indptr, indices, eids = csr
-    q, scale = quantize(x, 8, rounding, seed=1, backend="ext-cpu")
+    q, scale = quantize_8(x, scales, rounding)
     return qspmm(indptr, indices, q, scale, w, eids if w is not None else None, backend="ext-cpu")
 
 
-def sddmm_q(op: str, a: torch.Tensor, b: torch.Tensor, edges: tuple[torch.Tensor, ...]):
+def sddmm_q(
+    op: str, a: torch.Tensor, b: torch.Tensor, edges: tuple[torch.Tensor, ...], scales: str
+) -> torch.Tensor:
     """Quantize both operands (8 bits, nearest) and run the per-edge op."""
-    qa, sa = quantize(a, 8, backend="ext-cpu")
-    qb, sb = quantize(b, 8, backend="ext-cpu")
+    qa, sa = quantize_8(a, scales)
+    qb, sb = quantize_8(b, scales)
     return qsddmm(op, qa, sa, edges[0], qb, sb, edges[1], backend="ext-cpu")
 
 
@@ -93,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dataset", default="synthetic-arxiv")
     p.add_argument("--widths", type=int, nargs="+", default=[128, 256])
+    p.add_argument("--scales", choices=["tensor", "row"], default="tensor")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
@@ -115,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"dataset {args.dataset}: {n} nodes, {e} edges; threads {torch.get_num_threads()}; "
         f"ext isa {info['isa']}; torch {torch.__version__}, dgl {dgl.__version__}; "
-        f"median ± IQR of {args.repeat} rounds"
+        f"one scale per {args.scales}; median ± IQR of {args.repeat} rounds"
     )
 
     rows: list[dict[str, Any]] = []
@@ -167,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda: dgl.ops.copy_u_sum(g, x),
             lambda: dgl.ops.copy_u_sum(g, xb),
             {
-                "nearest": lambda: spmm_q(x, csr, "nearest"),
-                "stochastic": lambda: spmm_q(x, csr, "stochastic"),
+                "nearest": lambda: spmm_q(x, csr, "nearest", args.scales),
+                "stochastic": lambda: spmm_q(x, csr, "stochastic", args.scales),
             },
         )
         bench(
@@ -177,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda: dgl.ops.u_mul_e_sum(g, x, we),
             lambda: dgl.ops.u_mul_e_sum(g, xb, web),
             {
-                "nearest": lambda: spmm_q(x, csr, "nearest", we),
-                "stochastic": lambda: spmm_q(x, csr, "stochastic", we),
+                "nearest": lambda: spmm_q(x, csr, "nearest", args.scales, we),
+                "stochastic": lambda: spmm_q(x, csr, "stochastic", args.scales, we),
             },
         )
         xh = x.reshape(n, HEADS, w // HEADS)
@@ -191,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             lambda: dgl.ops.u_mul_e_sum(g, xh, wh),
             lambda: dgl.ops.u_mul_e_sum(g, xhb, whb),
             {
-                "nearest": lambda: spmm_q(xh, csr, "nearest", wh),
-                "stochastic": lambda: spmm_q(xh, csr, "stochastic", wh),
+                "nearest": lambda: spmm_q(xh, csr, "nearest", args.scales, wh),
+                "stochastic": lambda: spmm_q(xh, csr, "stochastic", args.scales, wh),
             },
         )
         y = torch.randn(n, w, generator=gen)
@@ -202,7 +221,16 @@ def main(argv: list[str] | None = None) -> int:
             f"[N,{w}] . [N,{w}]",
             lambda: dgl.ops.u_dot_v(g, x, y),
             lambda: dgl.ops.u_dot_v(g, xb, yb),
-            {"nearest": lambda: sddmm_q("dot", x, y, edges)},
+            {"nearest": lambda: sddmm_q("dot", x, y, edges, args.scales)},
+        )
+        yh = y.reshape(n, HEADS, w // HEADS)
+        yhb = yh.to(torch.bfloat16)
+        bench(
+            "u_dot_v (MH)",
+            f"[N,{HEADS},{w // HEADS}] . same",
+            lambda: dgl.ops.u_dot_v(g, xh, yh),
+            lambda: dgl.ops.u_dot_v(g, xhb, yhb),
+            {"nearest": lambda: sddmm_q("dot", xh, yh, edges, args.scales)},
         )
 
     for w in args.widths:
@@ -215,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         f"[N,{HEADS},1] + [N,{HEADS},1]",
         lambda: dgl.ops.u_add_v(g, el, er),
         lambda: dgl.ops.u_add_v(g, elb, erb),
-        {"nearest": lambda: sddmm_q("add", el, er, edges)},
+        {"nearest": lambda: sddmm_q("add", el, er, edges, args.scales)},
     )
 
     if args.json:
@@ -226,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "edges": e,
             "threads": torch.get_num_threads(),
             "repeat": args.repeat,
+            "scales": args.scales,
             "isa": info["isa"],
             "torch": torch.__version__,
             "dgl": dgl.__version__,

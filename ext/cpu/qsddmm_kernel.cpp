@@ -171,6 +171,21 @@ QT_ALWAYS_INLINE bool elementwise_body(const SddmmArgs& a, int64_t e0, int64_t e
   return all_ok;
 }
 
+// Prefetches the rows of edge e + kPrefetch (the first 128 bytes of each; rows of F >= 32).
+template <typename I>
+QT_ALWAYS_INLINE void prefetch_edge_rows(const SddmmArgs& a, const I* li, const I* ri, int64_t e,
+                                         int64_t e1, int64_t F) {
+  if (F < 32 || e + kPrefetch >= e1) return;
+  const int8_t* x = a.ql + static_cast<int64_t>(li[e + kPrefetch]) * F;
+  const int8_t* y = a.qr + static_cast<int64_t>(ri[e + kPrefetch]) * F;
+  __builtin_prefetch(x);
+  __builtin_prefetch(y);
+  if (F > 64) {
+    __builtin_prefetch(x + 64);
+    __builtin_prefetch(y + 64);
+  }
+}
+
 // Exact int8 dot of n lanes (n <= kDotChunk).
 template <int ISA>
 QT_ALWAYS_INLINE int32_t dot_i8(const int8_t* x, const int8_t* y, int64_t n) {
@@ -218,14 +233,7 @@ QT_ALWAYS_INLINE bool dot_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
       all_ok = false;
       continue;
     }
-    if (F >= 32 && e + kPrefetch < e1) {
-      __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F);
-      __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F);
-      if (F > 64) {
-        __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F + 64);
-        __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F + 64);
-      }
-    }
+    prefetch_edge_rows(a, li, ri, e, e1, F);
     const int8_t* x = ql + i * F;
     const int8_t* y = qr + j * F;
     for (int64_t h = 0; h < H; ++h) {
@@ -256,16 +264,17 @@ QT_ALWAYS_INLINE float side_scale(float s, const float* rs, int64_t Hs, int64_t 
   return rs == nullptr ? s : s * rs[row * Hs + (Hs > 1 ? h : 0)];
 }
 
-// Any op over edges [e0, e1) with row scales on either side: each edge and head takes its
-// rows' scales, the lanes of a head computed as in the bodies above.
-template <int ISA, typename I>
-QT_ALWAYS_INLINE bool rows_scaled_body(int op, const SddmmArgs& a, int64_t e0, int64_t e1) {
+// Op OP over edges [e0, e1) with row scales on either side: each edge and head takes its
+// rows' scales, the lanes of a head computed as in the bodies above. One-value heads
+// (GAT's [N, H, 1] scalars) take a loop of their own.
+template <int ISA, int OP, typename I>
+QT_ALWAYS_INLINE bool rows_scaled_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
   const I* li = static_cast<const I*>(a.li);
   const I* ri = static_cast<const I*>(a.ri);
   const uint64_t n_l = static_cast<uint64_t>(a.n_l);
   const uint64_t n_r = static_cast<uint64_t>(a.n_r);
   const int64_t H = a.H, D = a.D, F = H * D;
-  const int64_t per_edge = op == kDot ? H : F;
+  const int64_t per_edge = OP == kDot ? H : F;
   constexpr int W = Lanes<ISA>::W;
   bool all_ok = true;
   for (int64_t e = e0; e < e1; ++e) {
@@ -277,41 +286,45 @@ QT_ALWAYS_INLINE bool rows_scaled_body(int op, const SddmmArgs& a, int64_t e0, i
       all_ok = false;
       continue;
     }
+    prefetch_edge_rows(a, li, ri, e, e1, F);
+    if (e + kPrefetch < e1) {  // the row scales of edge e + kPrefetch: a random read each
+      const int64_t pi = static_cast<int64_t>(li[e + kPrefetch]);
+      const int64_t pj = static_cast<int64_t>(ri[e + kPrefetch]);
+      if (a.rsl != nullptr) __builtin_prefetch(a.rsl + pi * a.Hl);
+      if (a.rsr != nullptr) __builtin_prefetch(a.rsr + pj * a.Hr);
+    }
+    const int8_t* x = a.ql + i * F;
+    const int8_t* y = a.qr + j * F;
+    if constexpr (OP != kDot) {
+      if (D == 1) {
+        for (int64_t h = 0; h < H; ++h) {
+          const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
+          const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
+          o[h] = elem<OP>(x[h], y[h], sl, sr, sl * sr);
+        }
+        continue;
+      }
+    }
     for (int64_t h = 0; h < H; ++h) {
-      const int8_t* x = a.ql + i * F + h * D;
-      const int8_t* y = a.qr + j * F + h * D;
+      const int8_t* xh = x + h * D;
+      const int8_t* yh = y + h * D;
       const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
       const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
       const float both = sl * sr;
-      if (op == kDot) {
+      if constexpr (OP == kDot) {
         int64_t s = 0;
         for (int64_t d0 = 0; d0 < D; d0 += kDotChunk) {
-          s += dot_i8<ISA>(x + d0, y + d0, std::min(kDotChunk, D - d0));
+          s += dot_i8<ISA>(xh + d0, yh + d0, std::min(kDotChunk, D - d0));
         }
         o[h] = static_cast<float>(s) * both;
-        continue;
-      }
-      float* oh = o + h * D;
-      int64_t f = 0;
-      for (; f + W <= D; f += W) {
-        typename Lanes<ISA>::vf v;
-        if (op == kAdd) {
-          v = elem_vec<ISA, kAdd>(x + f, y + f, sl, sr, both);
-        } else if (op == kSub) {
-          v = elem_vec<ISA, kSub>(x + f, y + f, sl, sr, both);
-        } else {
-          v = elem_vec<ISA, kMul>(x + f, y + f, sl, sr, both);
+      } else {
+        float* oh = o + h * D;
+        int64_t f = 0;
+        for (; f + W <= D; f += W) {
+          const auto v = elem_vec<ISA, OP>(xh + f, yh + f, sl, sr, both);
+          std::memcpy(oh + f, &v, sizeof v);
         }
-        std::memcpy(oh + f, &v, sizeof v);
-      }
-      for (; f < D; ++f) {
-        if (op == kAdd) {
-          oh[f] = elem<kAdd>(x[f], y[f], sl, sr, both);
-        } else if (op == kSub) {
-          oh[f] = elem<kSub>(x[f], y[f], sl, sr, both);
-        } else {
-          oh[f] = elem<kMul>(x[f], y[f], sl, sr, both);
-        }
+        for (; f < D; ++f) oh[f] = elem<OP>(xh[f], yh[f], sl, sr, both);
       }
     }
   }
@@ -337,7 +350,12 @@ QT_ALWAYS_INLINE bool elementwise_by_width(const SddmmArgs& a, int64_t e0, int64
 // Width dispatch: specialised loops for the narrow rows GAT uses, the generic one otherwise.
 template <int ISA, typename I>
 QT_ALWAYS_INLINE bool edges_body(int op, const SddmmArgs& a, int64_t e0, int64_t e1) {
-  if (a.rsl != nullptr || a.rsr != nullptr) return rows_scaled_body<ISA, I>(op, a, e0, e1);
+  if (a.rsl != nullptr || a.rsr != nullptr) {
+    if (op == kDot) return rows_scaled_body<ISA, kDot, I>(a, e0, e1);
+    if (op == kAdd) return rows_scaled_body<ISA, kAdd, I>(a, e0, e1);
+    if (op == kSub) return rows_scaled_body<ISA, kSub, I>(a, e0, e1);
+    return rows_scaled_body<ISA, kMul, I>(a, e0, e1);
+  }
   if (op == kDot) {
     switch (a.D) {
       case 1:

@@ -136,6 +136,13 @@ struct EntryWeight {
     if (rs != nullptr) wk *= rs[src * Hr + r_col];
     return wk;
   }
+  // the row scale of entry k + kPrefetch's source (a random read), as prefetch_row does its row
+  template <typename I>
+  QT_ALWAYS_INLINE void prefetch(const I* ix, int64_t k, int64_t nnz) const {
+    if (rs != nullptr && k + csr_rows::kPrefetch < nnz) {
+      __builtin_prefetch(rs + static_cast<int64_t>(ix[k + csr_rows::kPrefetch]) * Hr + r_col);
+    }
+  }
 };
 //
 // q is a segment's first element in row 0 and `stride` the elements per row; lanes are
@@ -182,6 +189,7 @@ QT_ALWAYS_INLINE void weighted_tile(const I* ix, const I* ex, int64_t b, int64_t
   for (int v = 0; v < NV; ++v) acc[v] = typename L::vf{};
   for (int64_t k = b; k < e; ++k) {
     prefetch_row(ix, k, nnz, q, stride, Row::bytes(f0), Row::bytes(L::W * NV));
+    if (f0 == 0) ew.prefetch(ix, k, nnz);
     const int64_t eid = ex != nullptr ? static_cast<int64_t>(ex[k]) : k;
     const int64_t src = static_cast<int64_t>(ix[k]);
     const float wk = ew.at(eid, src);
