@@ -123,8 +123,6 @@ struct SpmmArgs {
   bool split_heads;  // walk each head as its own segment (its values start on an element)
 };
 
-// ---------------------------------------------------------------- kernel bodies
-
 // The weighted form's weight of an entry in one segment (a head, or the whole row):
 // w[eid, w_col] (1 without weight) times row_scale[src, r_col] (when given), in float32.
 struct EntryWeight {
@@ -144,6 +142,8 @@ struct EntryWeight {
     }
   }
 };
+
+// ---------------------------------------------------------------- kernel bodies
 //
 // q is a segment's first element in row 0 and `stride` the elements per row; lanes are
 // counted from the segment's start and o is the segment's first output lane.
