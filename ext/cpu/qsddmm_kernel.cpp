@@ -120,6 +120,19 @@ QT_ALWAYS_INLINE sparse::v4f elem4(const int8_t* x, const int8_t* y, float sl, f
   }
 }
 
+// n lanes of add / sub / mul: whole vector registers, then one lane at a time.
+template <int ISA, int OP>
+QT_ALWAYS_INLINE void elementwise_lanes(const int8_t* x, const int8_t* y, int64_t n, float sl,
+                                        float sr, float both, float* o) {
+  constexpr int W = Lanes<ISA>::W;
+  int64_t f = 0;
+  for (; f + W <= n; f += W) {
+    const auto v = elem_vec<ISA, OP>(x + f, y + f, sl, sr, both);
+    std::memcpy(o + f, &v, sizeof v);
+  }
+  for (; f < n; ++f) o[f] = elem<OP>(x[f], y[f], sl, sr, both);
+}
+
 // add / sub / mul over edges [e0, e1); FC > 0 fixes the row width at compile time.
 template <int ISA, int OP, int FC, typename I>
 QT_ALWAYS_INLINE bool elementwise_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
@@ -159,13 +172,7 @@ QT_ALWAYS_INLINE bool elementwise_body(const SddmmArgs& a, int64_t e0, int64_t e
         __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F);
         __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F);
       }
-      constexpr int W = Lanes<ISA>::W;
-      int64_t f = 0;
-      for (; f + W <= F; f += W) {
-        const auto v = elem_vec<ISA, OP>(x + f, y + f, sl, sr, both);
-        std::memcpy(o + f, &v, sizeof v);
-      }
-      for (; f < F; ++f) o[f] = elem<OP>(x[f], y[f], sl, sr, both);
+      elementwise_lanes<ISA, OP>(x, y, F, sl, sr, both, o);
     }
   }
   return all_ok;
@@ -275,7 +282,6 @@ QT_ALWAYS_INLINE bool rows_scaled_body(const SddmmArgs& a, int64_t e0, int64_t e
   const uint64_t n_r = static_cast<uint64_t>(a.n_r);
   const int64_t H = a.H, D = a.D, F = H * D;
   const int64_t per_edge = OP == kDot ? H : F;
-  constexpr int W = Lanes<ISA>::W;
   bool all_ok = true;
   for (int64_t e = e0; e < e1; ++e) {
     const int64_t i = static_cast<int64_t>(li[e]);
@@ -318,13 +324,7 @@ QT_ALWAYS_INLINE bool rows_scaled_body(const SddmmArgs& a, int64_t e0, int64_t e
         }
         o[h] = static_cast<float>(s) * both;
       } else {
-        float* oh = o + h * D;
-        int64_t f = 0;
-        for (; f + W <= D; f += W) {
-          const auto v = elem_vec<ISA, OP>(xh + f, yh + f, sl, sr, both);
-          std::memcpy(oh + f, &v, sizeof v);
-        }
-        for (; f < D; ++f) oh[f] = elem<OP>(xh[f], yh[f], sl, sr, both);
+        elementwise_lanes<ISA, OP>(xh, yh, D, sl, sr, both, o + h * D);
       }
     }
   }
