@@ -52,7 +52,7 @@ from __future__ import annotations
 import torch
 
 from qtrain.ops import dispatch
-from qtrain.ops.gemm import combined_scale, per_tensor
+from qtrain.ops.gemm import per_tensor
 from qtrain.quant import packed as packed_ref
 
 SPMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qspmm
@@ -450,10 +450,7 @@ def reference_qsddmm(
         da = a.to(torch.float32) * sl
         db = b.to(torch.float32) * sr
         return da + db if op == "add" else da - db
-    if sl.dim() == 0 and sr.dim() == 0:
-        both = torch.tensor(combined_scale(sl, sr), dtype=torch.float32, device=a.device)
-    else:
-        both = sl * sr  # float32 per edge (and head)
+    both = sl * sr  # fl32(s_l * s_r): one, or one per edge (and head)
     prod = a.to(torch.int32) * b.to(torch.int32)
     if op == "mul":
         return prod.to(torch.float32) * both
