@@ -15,7 +15,8 @@ this script does everything in order and writes what it has after each stage:
 3. measure the device's memory bandwidth (a large device-to-device copy);
 4. time every kernel against the baselines a GPU user would pick
    (``bench/gpu_tango.py``: quantize, INT8 GEMM, SpMM, SDDMM; ``bench/gpu_compress.py``:
-   exact's and adaqp's per-row quantization, packing and projection);
+   exact's and adaqp's per-row quantization, packing and projection; ``bench/packed.py``:
+   tango's 4-bit packed kernels against their int8 forms on synthetic-arxiv GAT shapes);
 5. train qtrain's built-in GCN, GAT and GraphSAGE end to end through the device
    route (``bench/gpu_e2e.py``: FP32, bf16 autocast, tango with stochastic and with
    nearest rounding, exact, tango + exact, beside PyG's GCNConv / GATConv / SAGEConv
@@ -75,7 +76,7 @@ import _checkout  # noqa: F401  (qtrain from this checkout)
 from _gpu import copy_bandwidth_gbps
 from _record import ROOT, git_commit, write_json
 
-STAGES = ("gpu_tango", "gpu_compress", "gpu_e2e", "hector")
+STAGES = ("gpu_tango", "gpu_compress", "packed", "gpu_e2e", "hector")
 NEEDS_DGL = ("gpu_e2e", "hector")
 # DGL for the end-to-end stage on a GPU machine without it: `make gpu-wheels` downloads the
 # wheels (dgl's CPU build, what it declares, tomli-w); pip resolves the rest against what is

@@ -345,11 +345,54 @@ inline void row_scale(const char* fn, const char* name, const char* of, const at
 
 // width values packed two per byte take ceil(width / 2) bytes: the last dimension of
 // `packed` (pack_int4's layout).
-inline void int4_width(const char* fn, const at::Tensor& packed, int64_t width) {
+inline void int4_width(const char* fn, const at::Tensor& packed, int64_t width,
+                       const char* name = "packed") {
   const int64_t bytes = packed.dim() >= 1 ? packed.size(-1) : 0;
   TORCH_CHECK_VALUE(width >= 0 && (width + 1) / 2 == bytes, fn, ": width must satisfy "
-                    "ceil(width / 2) == packed.size(-1) (", bytes, " bytes: width ",
+                    "ceil(width / 2) == ", name, ".size(-1) (", bytes, " bytes: width ",
                     bytes > 0 ? 2 * bytes - 1 : 0, " or ", 2 * bytes, "), got ", width);
+}
+
+// Rows of 4-bit values packed two per byte (qspmm4, qsddmm4): dense uint8 [N, ceil(width /
+// 2)] or [N, H, ceil(width / 2)].
+inline void packed_rows(const char* fn, const char* name, const at::Tensor& t) {
+  dense(fn, name, t);
+  dtype(fn, name, t, at::kByte);
+  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, fn, ": ", name,
+                    " must have shape [N, ceil(width / 2)] or [N, H, ceil(width / 2)], got ",
+                    t.sizes());
+}
+
+// ---------------------------------------------------------------- SDDMM (qsddmm, qsddmm4)
+
+// The operands of a quantized SDDMM: op one of add / sub / mul / dot; lhs and rhs rows of
+// the same trailing shape (int8, or packed for qsddmm4: `packed`), each with a 1-d index,
+// as many entries on each side; the optional row scales one a row (or row and head).
+inline void sddmm(const char* fn, c10::string_view op, bool packed, const char* lhs_name,
+                  const at::Tensor& lhs, const at::Tensor& lhs_index, const char* rhs_name,
+                  const at::Tensor& rhs, const at::Tensor& rhs_index,
+                  const std::optional<at::Tensor>& row_scale_lhs,
+                  const std::optional<at::Tensor>& row_scale_rhs) {
+  TORCH_CHECK_VALUE(op == c10::string_view("add") || op == c10::string_view("sub") ||
+                        op == c10::string_view("mul") || op == c10::string_view("dot"),
+                    fn, ": op must be one of 'add', 'sub', 'mul', 'dot', got '", op, "'");
+  const auto rows = packed ? packed_rows : int8_rows;
+  rows(fn, lhs_name, lhs);
+  const at::Device device = lhs.device();
+  rows(fn, rhs_name, rhs);
+  same_device(fn, rhs_name, rhs, lhs_name, device);
+  index(fn, "lhs_index", lhs_index);
+  same_device(fn, "lhs_index", lhs_index, lhs_name, device);
+  index(fn, "rhs_index", rhs_index);
+  same_device(fn, "rhs_index", rhs_index, lhs_name, device);
+  TORCH_CHECK_VALUE(lhs.sizes().slice(1) == rhs.sizes().slice(1), fn, ": ", lhs_name, " and ",
+                    rhs_name, " need the same trailing shape, got ", lhs.sizes(), " and ",
+                    rhs.sizes());
+  TORCH_CHECK_VALUE(lhs_index.numel() == rhs_index.numel(), fn, ": lhs_index has ",
+                    lhs_index.numel(), " entries, rhs_index ", rhs_index.numel());
+  const int64_t heads = lhs.dim() == 3 ? lhs.size(1) : 1;
+  row_scale(fn, "row_scale_lhs", lhs_name, device, lhs.size(0), heads, row_scale_lhs);
+  row_scale(fn, "row_scale_rhs", rhs_name, device, rhs.size(0), heads, row_scale_rhs);
 }
 
 }  // namespace checks

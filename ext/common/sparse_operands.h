@@ -1,5 +1,5 @@
-// What the qspmm and qsddmm kernels of every device start from, once their front
-// (ops/qspmm.cpp, ops/qsddmm.cpp) has checked the arguments: contiguous operands,
+// What the qspmm(4) and qsddmm(4) kernels of every device start from, once their front
+// (ops/qspmm.cpp, ops/qsddmm.cpp, ...) has checked the arguments: contiguous operands,
 // the index tensors promoted to one type (mixed int32 / int64 becomes int64), the
 // weights as float32, and the float32 output allocated on the operands' device.
 // Device-neutral host code; the kernels then read the data (and refuse what only
@@ -68,12 +68,14 @@ struct Sddmm {
   int op = kAdd;
   bool wide = false;  // int64 indices (else int32)
   int64_t E = 0, H = 1, D = 0, Hl = 1, Hr = 1;  // Hl / Hr: row scales per row (1 or H)
+  int64_t Ds = 0;  // bytes a head's values take: D (int8), ceil(D / 2) (packed)
 };
 
+// width as in spmm: the values per row (per head) of packed operands (qsddmm4); -1 for int8.
 inline Sddmm sddmm(c10::string_view op, const at::Tensor& q_lhs, const at::Tensor& lhs_index,
                    const at::Tensor& q_rhs, const at::Tensor& rhs_index,
                    const std::optional<at::Tensor>& row_scale_lhs,
-                   const std::optional<at::Tensor>& row_scale_rhs) {
+                   const std::optional<at::Tensor>& row_scale_rhs, int64_t width = -1) {
   Sddmm s;
   if (op == c10::string_view("add")) {
     s.op = kAdd;
@@ -82,7 +84,7 @@ inline Sddmm sddmm(c10::string_view op, const at::Tensor& q_lhs, const at::Tenso
   } else if (op == c10::string_view("mul")) {
     s.op = kMul;
   } else {
-    TORCH_INTERNAL_ASSERT(op == c10::string_view("dot"), "qtrain::qsddmm: op '", op,
+    TORCH_INTERNAL_ASSERT(op == c10::string_view("dot"), "qtrain::qsddmm(4): op '", op,
                           "' passed the front");
     s.op = kDot;
   }
@@ -94,7 +96,8 @@ inline Sddmm sddmm(c10::string_view op, const at::Tensor& q_lhs, const at::Tenso
   s.ri = rhs_index.to(it).contiguous();
   s.E = s.li.numel();
   s.H = s.ql.dim() == 3 ? s.ql.size(1) : 1;
-  s.D = s.ql.size(-1);
+  s.Ds = s.ql.size(-1);
+  s.D = width >= 0 ? width : s.Ds;
   if (row_scale_lhs.has_value() && row_scale_lhs->defined()) {
     s.rsl = row_scale_lhs->contiguous();
     s.Hl = s.rsl.dim() == 1 ? 1 : s.rsl.size(1);

@@ -108,6 +108,36 @@ struct Lanes<isa::kAvx512> {
   }
 };
 #endif
+
+// How a row of values is read by the sparse bodies (spmm_body.h, sddmm_body.h): T its
+// bytes, bytes(f) the byte of value f (f even for packed rows), load<ISA>(p) W values from
+// p, value(p, t) value t alone.
+
+// int8 rows (qspmm, qsddmm): value f at byte f.
+struct Int8Rows {
+  using T = int8_t;
+  static constexpr int64_t bytes(int64_t values) { return values; }
+  template <int ISA>
+  static QT_ALWAYS_INLINE typename Lanes<ISA>::vi load(const T* p) {
+    return Lanes<ISA>::load(p);
+  }
+  static QT_ALWAYS_INLINE int32_t value(const T* p, int64_t t) { return p[t]; }
+};
+
+// 4-bit values packed two per byte (qspmm4, qsddmm4): value f in byte f / 2, the low nibble
+// for an even f, as 4-bit two's complement. Tiles start at even values (multiples of W).
+struct Int4Rows {
+  using T = uint8_t;
+  static constexpr int64_t bytes(int64_t values) { return values / 2; }
+  template <int ISA>
+  static QT_ALWAYS_INLINE typename Lanes<ISA>::vi load(const T* p) {
+    return Lanes<ISA>::load_int4(p);
+  }
+  static QT_ALWAYS_INLINE int32_t value(const T* p, int64_t t) {
+    const uint32_t b = p[t >> 1];
+    return static_cast<int32_t>(b << (28 - 4 * (t & 1))) >> 28;
+  }
+};
 #pragma GCC diagnostic pop
 
 }  // namespace sparse

@@ -10,27 +10,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/int4.h"
 #include "cpu/threads.h"
 
 namespace qtrain {
 namespace {
-
-// Packs one row of d values into (d + 1) / 2 bytes; whether every value was in [-8, 7].
-inline bool pack_row(const int8_t* q, int64_t d, uint8_t* out) {
-  uint8_t bad = 0;
-  const int64_t pairs = d / 2;
-  for (int64_t i = 0; i < pairs; ++i) {
-    const uint8_t lo = static_cast<uint8_t>(q[2 * i]), hi = static_cast<uint8_t>(q[2 * i + 1]);
-    bad |= static_cast<uint8_t>(lo + 8) | static_cast<uint8_t>(hi + 8);  // > 15: out of range
-    out[i] = static_cast<uint8_t>((lo & 0xF) | (hi << 4));
-  }
-  if (d % 2 != 0) {
-    const uint8_t lo = static_cast<uint8_t>(q[d - 1]);
-    bad |= static_cast<uint8_t>(lo + 8);
-    out[pairs] = lo & 0xF;
-  }
-  return (bad & 0xF0) == 0;
-}
 
 at::Tensor pack_int4(const at::Tensor& q_in) {
   const at::Tensor q = q_in.contiguous();
@@ -46,7 +30,7 @@ at::Tensor pack_int4(const at::Tensor& q_in) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(&& : ok)
 #endif
-  for (int64_t r = 0; r < rows; ++r) ok = pack_row(src + r * d, d, dst + r * bytes) && ok;
+  for (int64_t r = 0; r < rows; ++r) ok = int4::pack_row(src + r * d, d, dst + r * bytes) && ok;
   (void)nt;
   TORCH_CHECK_VALUE(ok, "qtrain::pack_int4: every value of q must be in [-8, 7] (4-bit "
                         "two's complement)");

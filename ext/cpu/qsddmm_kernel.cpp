@@ -7,7 +7,8 @@
 //   dot:       out[e, h, 0] = fl32(float(sum_d q_l[i,h,d] * q_r[j,h,d]) * fl32(s_l * s_r))
 //
 // With row scales s_l is fl32(scale_lhs * row_scale_lhs[i, h]) (s_r the same on the right),
-// read per edge and head as the rows are gathered (rows_scaled_body).
+// read per edge and head as the rows are gathered (heads_body, cpu/sddmm_body.h, which
+// qsddmm4 shares).
 //
 // Every output element is exact integer arithmetic or the same elementwise
 // float32 operations as the reference, so any split of the edges gives the
@@ -35,14 +36,14 @@
 #include "common/sparse_operands.h"
 #include "cpu/isa.h"
 #include "cpu/lanes.h"
-#include "cpu/mem.h"
-#include "cpu/threads.h"
+#include "cpu/sddmm_body.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace qtrain {
 namespace {
 
+using sparse::Int8Rows;
 using sparse::Lanes;
 
 using sparse_operands::kAdd;
@@ -50,59 +51,17 @@ using sparse_operands::kDot;
 using sparse_operands::kMul;
 using sparse_operands::kSub;
 
-constexpr int64_t kPrefetch = 8;        // edges ahead whose rows are prefetched (wide rows)
-constexpr int64_t kDotChunk = 1 << 17;  // lanes per int32 partial sum (|sum| < 2^31)
+using sddmm_cpu::dot_values;
+using sddmm_cpu::elem;
+using sddmm_cpu::elementwise_lanes;
+using sddmm_cpu::heads_by_op;
+using sddmm_cpu::kDotChunk;
+using sddmm_cpu::kPrefetch;
+using sddmm_cpu::prefetch_edge_rows;
 
-struct SddmmArgs {
-  const void* li;
-  const void* ri;
-  const int8_t* ql;
-  const int8_t* qr;
-  float* out;
-  int64_t n_l;  // rows of q_l
-  int64_t n_r;  // rows of q_r
-  int64_t F;    // H * D lanes per row
-  int64_t H;
-  int64_t D;
-  float sl;
-  float sr;
-  float both;  // fl32(sl * sr)
-  const float* rsl;  // row scales of q_l (null: none), Hl per row
-  const float* rsr;  // row scales of q_r (null: none), Hr per row
-  int64_t Hl;
-  int64_t Hr;
-};
+using SddmmArgs = sddmm_cpu::SddmmArgs<int8_t>;
 
 // ---------------------------------------------------------------- kernel bodies
-
-// One lane of add / sub / mul.
-template <int OP>
-QT_ALWAYS_INLINE float elem(int8_t x, int8_t y, float sl, float sr, float both) {
-  if constexpr (OP == kAdd) {
-    return static_cast<float>(x) * sl + static_cast<float>(y) * sr;
-  } else if constexpr (OP == kSub) {
-    return static_cast<float>(x) * sl - static_cast<float>(y) * sr;
-  } else {
-    return static_cast<float>(static_cast<int32_t>(x) * static_cast<int32_t>(y)) * both;
-  }
-}
-
-// W lanes of add / sub / mul.
-template <int ISA, int OP>
-QT_ALWAYS_INLINE typename Lanes<ISA>::vf elem_vec(const int8_t* x, const int8_t* y, float sl,
-                                                  float sr, float both) {
-  using L = Lanes<ISA>;
-  using vf = typename L::vf;
-  const typename L::vi a = L::load(x);
-  const typename L::vi b = L::load(y);
-  if constexpr (OP == kAdd) {
-    return __builtin_convertvector(a, vf) * sl + __builtin_convertvector(b, vf) * sr;
-  } else if constexpr (OP == kSub) {
-    return __builtin_convertvector(a, vf) * sl - __builtin_convertvector(b, vf) * sr;
-  } else {
-    return __builtin_convertvector(a * b, vf) * both;
-  }
-}
 
 // 4 lanes of add / sub / mul (rows of width 4 and 8).
 template <int ISA, int OP>
@@ -118,19 +77,6 @@ QT_ALWAYS_INLINE sparse::v4f elem4(const int8_t* x, const int8_t* y, float sl, f
   } else {
     return __builtin_convertvector(a * b, v4f) * both;
   }
-}
-
-// n lanes of add / sub / mul: whole vector registers, then one lane at a time.
-template <int ISA, int OP>
-QT_ALWAYS_INLINE void elementwise_lanes(const int8_t* x, const int8_t* y, int64_t n, float sl,
-                                        float sr, float both, float* o) {
-  constexpr int W = Lanes<ISA>::W;
-  int64_t f = 0;
-  for (; f + W <= n; f += W) {
-    const auto v = elem_vec<ISA, OP>(x + f, y + f, sl, sr, both);
-    std::memcpy(o + f, &v, sizeof v);
-  }
-  for (; f < n; ++f) o[f] = elem<OP>(x[f], y[f], sl, sr, both);
 }
 
 // add / sub / mul over edges [e0, e1); FC > 0 fixes the row width at compile time.
@@ -172,48 +118,10 @@ QT_ALWAYS_INLINE bool elementwise_body(const SddmmArgs& a, int64_t e0, int64_t e
         __builtin_prefetch(ql + static_cast<int64_t>(li[e + kPrefetch]) * F);
         __builtin_prefetch(qr + static_cast<int64_t>(ri[e + kPrefetch]) * F);
       }
-      elementwise_lanes<ISA, OP>(x, y, F, sl, sr, both, o);
+      elementwise_lanes<ISA, OP, Int8Rows>(x, y, F, sl, sr, both, o);
     }
   }
   return all_ok;
-}
-
-// Prefetches the rows of edge e + kPrefetch (the first 128 bytes of each; rows of F >= 32).
-template <typename I>
-QT_ALWAYS_INLINE void prefetch_edge_rows(const SddmmArgs& a, const I* li, const I* ri, int64_t e,
-                                         int64_t e1, int64_t F) {
-  if (F < 32 || e + kPrefetch >= e1) return;
-  const int8_t* x = a.ql + static_cast<int64_t>(li[e + kPrefetch]) * F;
-  const int8_t* y = a.qr + static_cast<int64_t>(ri[e + kPrefetch]) * F;
-  __builtin_prefetch(x);
-  __builtin_prefetch(y);
-  if (F > 64) {
-    __builtin_prefetch(x + 64);
-    __builtin_prefetch(y + 64);
-  }
-}
-
-// Exact int8 dot of n lanes (n <= kDotChunk).
-template <int ISA>
-QT_ALWAYS_INLINE int32_t dot_i8(const int8_t* x, const int8_t* y, int64_t n) {
-  using L = Lanes<ISA>;
-  constexpr int W = L::W;
-  typename L::vi acc0 = typename L::vi{};
-  typename L::vi acc1 = typename L::vi{};
-  int64_t d = 0;
-  for (; d + 2 * W <= n; d += 2 * W) {
-    acc0 += L::load(x + d) * L::load(y + d);
-    acc1 += L::load(x + d + W) * L::load(y + d + W);
-  }
-  if (d + W <= n) {
-    acc0 += L::load(x + d) * L::load(y + d);
-    d += W;
-  }
-  acc0 += acc1;
-  int32_t s = 0;
-  for (int t = 0; t < W; ++t) s += acc0[t];
-  for (; d < n; ++d) s += static_cast<int32_t>(x[d]) * static_cast<int32_t>(y[d]);
-  return s;
 }
 
 // dot over edges [e0, e1); DC > 0 fixes the per-head width at compile time.
@@ -253,78 +161,13 @@ QT_ALWAYS_INLINE bool dot_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
         }
         o[h] = static_cast<float>(s) * both;
       } else if (D <= kDotChunk) {
-        o[h] = static_cast<float>(dot_i8<ISA>(xh, yh, D)) * both;
+        o[h] = static_cast<float>(dot_values<ISA>(xh, yh, D)) * both;
       } else {
         int64_t s = 0;
         for (int64_t d0 = 0; d0 < D; d0 += kDotChunk) {
-          s += dot_i8<ISA>(xh + d0, yh + d0, std::min(kDotChunk, D - d0));
+          s += dot_values<ISA>(xh + d0, yh + d0, std::min(kDotChunk, D - d0));
         }
         o[h] = static_cast<float>(s) * both;
-      }
-    }
-  }
-  return all_ok;
-}
-
-// One side's scale for row `row`, head h: s, or fl32(s * rs[row, h]) with row scales.
-QT_ALWAYS_INLINE float side_scale(float s, const float* rs, int64_t Hs, int64_t row, int64_t h) {
-  return rs == nullptr ? s : s * rs[row * Hs + (Hs > 1 ? h : 0)];
-}
-
-// Op OP over edges [e0, e1) with row scales on either side: each edge and head takes its
-// rows' scales, the lanes of a head computed as in the bodies above. One-value heads
-// (GAT's [N, H, 1] scalars) take a loop of their own.
-template <int ISA, int OP, typename I>
-QT_ALWAYS_INLINE bool rows_scaled_body(const SddmmArgs& a, int64_t e0, int64_t e1) {
-  const I* li = static_cast<const I*>(a.li);
-  const I* ri = static_cast<const I*>(a.ri);
-  const uint64_t n_l = static_cast<uint64_t>(a.n_l);
-  const uint64_t n_r = static_cast<uint64_t>(a.n_r);
-  const int64_t H = a.H, D = a.D, F = H * D;
-  const int64_t per_edge = OP == kDot ? H : F;
-  bool all_ok = true;
-  for (int64_t e = e0; e < e1; ++e) {
-    const int64_t i = static_cast<int64_t>(li[e]);
-    const int64_t j = static_cast<int64_t>(ri[e]);
-    float* o = a.out + e * per_edge;
-    if (static_cast<uint64_t>(i) >= n_l || static_cast<uint64_t>(j) >= n_r) {
-      for (int64_t f = 0; f < per_edge; ++f) o[f] = 0.0f;
-      all_ok = false;
-      continue;
-    }
-    prefetch_edge_rows(a, li, ri, e, e1, F);
-    if (e + kPrefetch < e1) {  // the row scales of edge e + kPrefetch: a random read each
-      const int64_t pi = static_cast<int64_t>(li[e + kPrefetch]);
-      const int64_t pj = static_cast<int64_t>(ri[e + kPrefetch]);
-      if (a.rsl != nullptr) __builtin_prefetch(a.rsl + pi * a.Hl);
-      if (a.rsr != nullptr) __builtin_prefetch(a.rsr + pj * a.Hr);
-    }
-    const int8_t* x = a.ql + i * F;
-    const int8_t* y = a.qr + j * F;
-    if constexpr (OP != kDot) {
-      if (D == 1) {
-        for (int64_t h = 0; h < H; ++h) {
-          const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
-          const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
-          o[h] = elem<OP>(x[h], y[h], sl, sr, sl * sr);
-        }
-        continue;
-      }
-    }
-    for (int64_t h = 0; h < H; ++h) {
-      const int8_t* xh = x + h * D;
-      const int8_t* yh = y + h * D;
-      const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
-      const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
-      const float both = sl * sr;
-      if constexpr (OP == kDot) {
-        int64_t s = 0;
-        for (int64_t d0 = 0; d0 < D; d0 += kDotChunk) {
-          s += dot_i8<ISA>(xh + d0, yh + d0, std::min(kDotChunk, D - d0));
-        }
-        o[h] = static_cast<float>(s) * both;
-      } else {
-        elementwise_lanes<ISA, OP>(xh, yh, D, sl, sr, both, o + h * D);
       }
     }
   }
@@ -350,12 +193,7 @@ QT_ALWAYS_INLINE bool elementwise_by_width(const SddmmArgs& a, int64_t e0, int64
 // Width dispatch: specialised loops for the narrow rows GAT uses, the generic one otherwise.
 template <int ISA, typename I>
 QT_ALWAYS_INLINE bool edges_body(int op, const SddmmArgs& a, int64_t e0, int64_t e1) {
-  if (a.rsl != nullptr || a.rsr != nullptr) {
-    if (op == kDot) return rows_scaled_body<ISA, kDot, I>(a, e0, e1);
-    if (op == kAdd) return rows_scaled_body<ISA, kAdd, I>(a, e0, e1);
-    if (op == kSub) return rows_scaled_body<ISA, kSub, I>(a, e0, e1);
-    return rows_scaled_body<ISA, kMul, I>(a, e0, e1);
-  }
+  if (a.rsl != nullptr || a.rsr != nullptr) return heads_by_op<ISA, Int8Rows, I>(op, a, e0, e1);
   if (op == kDot) {
     switch (a.D) {
       case 1:
@@ -409,43 +247,16 @@ at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double s
   constexpr const char* fn = "qtrain::qsddmm";
   const sparse_operands::Sddmm s = sparse_operands::sddmm(
       op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in, row_scale_lhs, row_scale_rhs);
-  const int op = s.op;
-  const bool wide = s.wide;
-  const at::Tensor &ql = s.ql, &qr = s.qr, &li = s.li, &ri = s.ri, &out = s.out;
-  const int64_t E = s.E, H = s.H, D = s.D;
-  // an empty output still has its indices checked (the edge loop writes nothing)
-  if (E == 0) return out;
+  if (s.E == 0) return s.out;
 
-  SddmmArgs a{};
-  a.li = li.const_data_ptr();
-  a.ri = ri.const_data_ptr();
-  a.ql = ql.const_data_ptr<int8_t>();
-  a.qr = qr.const_data_ptr<int8_t>();
-  a.out = out.mutable_data_ptr<float>();
-  advise_huge_pages(a.out, static_cast<size_t>(out.numel()) * sizeof(float));
-  a.n_l = ql.size(0);
-  a.n_r = qr.size(0);
-  a.F = H * D;
-  a.H = H;
-  a.D = D;
-  a.sl = static_cast<float>(scale_lhs);
-  a.sr = static_cast<float>(scale_rhs);
-  a.both = a.sl * a.sr;
-  a.rsl = s.rsl.defined() ? s.rsl.const_data_ptr<float>() : nullptr;
-  a.rsr = s.rsr.defined() ? s.rsr.const_data_ptr<float>() : nullptr;
-  a.Hl = s.Hl;
-  a.Hr = s.Hr;
-
+  const SddmmArgs a = sddmm_cpu::make_args<int8_t>(s, scale_lhs, scale_rhs);
   const Kernels& K = kernels();
-  const auto run = wide ? K.edges_i64 : K.edges_i32;
-  const int nt = plan_threads(E * (a.F + 4), 1 << 16);
-  std::atomic<bool> ok{true};
-  for_team_ranges(nt, E, [&](int, int64_t e0, int64_t e1) {
-    if (!run(op, a, e0, e1)) ok.store(false, std::memory_order_relaxed);
-  });
-  TORCH_CHECK_VALUE(ok.load(), fn, ": an entry of lhs_index is outside [0, ", a.n_l,
-                    ") (rows of q_lhs) or of rhs_index outside [0, ", a.n_r, ") (rows of q_rhs)");
-  return out;
+  const auto run = s.wide ? K.edges_i64 : K.edges_i32;
+  sddmm_cpu::run_edges(fn, "q_lhs", "q_rhs", a, s.E,
+                       [&](const SddmmArgs& args, int64_t e0, int64_t e1) {
+                         return run(s.op, args, e0, e1);
+                       });
+  return s.out;
 }
 
 }  // namespace

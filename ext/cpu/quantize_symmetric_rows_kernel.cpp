@@ -16,8 +16,9 @@
 // one thread; the rows are split into contiguous chunks, one per thread of a team sized
 // for the element count. Every row depends only on its values and its counters, so the
 // result is the same for any thread count and ISA variant. The loop bodies are
-// quantize_symmetric's own (cpu/quantize_bodies.h); one call per chunk of rows runs them
-// inside the ISA variant, so the inner loops vectorize there.
+// quantize_symmetric's own (cpu/quantize_bodies.h, through cpu/quantize_rows_body.h, which
+// quantize_symmetric_rows4 shares); one call per chunk of rows runs them inside the ISA
+// variant, so the inner loops vectorize there.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -33,57 +34,12 @@
 #include "common/rng.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
-#include "cpu/quantize_bodies.h"
+#include "cpu/quantize_rows_body.h"
 #include "cpu/ranges.h"
 #include "cpu/threads.h"
 
 namespace qtrain {
 namespace {
-
-// ---------------------------------------------------------------- kernel bodies
-
-// Rows [r0, r1) of x [.., cols] into q and scale. Returns the largest row absmax as a bit
-// pattern: >= 0x7f800000 means a NaN / Inf, and such a row is left unquantized (the
-// caller refuses x after the parallel region).
-template <bool STOCH>
-QT_ALWAYS_INLINE uint32_t rows_body(const float* __restrict x, int8_t* __restrict q,
-                                    float* __restrict scale, int64_t r0, int64_t r1,
-                                    int64_t cols, int32_t qmax, rng::Keys keys, uint64_t offset) {
-  const float qf = static_cast<float>(qmax);
-  uint32_t worst = 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* xr = x + r * cols;
-    int8_t* qr = q + r * cols;
-    const uint32_t mbits = cpu::absmax_bits_body(xr, cols);
-    worst = mbits > worst ? mbits : worst;
-    if (mbits >= 0x7f800000u) continue;  // NaN / Inf: refused by the caller
-    float absmax;
-    std::memcpy(&absmax, &mbits, sizeof absmax);
-    scale[r] = absmax / qf;
-    if (mbits == 0u) {  // inv = 0: every value rounds to 0 (the row is finite)
-      std::memset(qr, 0, static_cast<size_t>(cols));
-      continue;
-    }
-    const cpu::ScaleParams p = cpu::scale_params(absmax, qmax);
-    if constexpr (!STOCH) {
-      cpu::nearest_body(xr, qr, cols, p.pre, p.inv, qmax);
-    } else {
-      // counters offset + r * cols + j, split where their high word changes
-      uint64_t c = offset + static_cast<uint64_t>(r) * static_cast<uint64_t>(cols);
-      for (int64_t j = 0; j < cols;) {
-        const auto lo = static_cast<uint32_t>(c);
-        const auto hi = static_cast<uint32_t>(c >> 32);
-        const int64_t len =
-            std::min<int64_t>(cols - j, static_cast<int64_t>((uint64_t{1} << 32) - lo));
-        cpu::stochastic_body(xr + j, qr + j, len, p.pre, p.inv, qmax, lo, keys.k1,
-                             rng::block_key(keys, hi));
-        j += len;
-        c += static_cast<uint64_t>(len);
-      }
-    }
-  }
-  return worst;
-}
 
 // ---------------------------------------------------------------- ISA variants
 
@@ -99,12 +55,14 @@ struct Kernels {
   ATTR uint32_t nearest_rows_##NAME(const float* x, int8_t* q, float* scale, int64_t r0,       \
                                     int64_t r1, int64_t cols, int32_t qmax, rng::Keys keys,    \
                                     uint64_t offset) {                                         \
-    return rows_body<false>(x, q, scale, r0, r1, cols, qmax, keys, offset);                    \
+    return cpu::quantize_rows_body<false, false>(x, q, scale, r0, r1, cols, qmax, keys,       \
+                                                 offset, nullptr);                            \
   }                                                                                            \
   ATTR uint32_t stochastic_rows_##NAME(const float* x, int8_t* q, float* scale, int64_t r0,    \
                                        int64_t r1, int64_t cols, int32_t qmax, rng::Keys keys, \
                                        uint64_t offset) {                                      \
-    return rows_body<true>(x, q, scale, r0, r1, cols, qmax, keys, offset);                     \
+    return cpu::quantize_rows_body<true, false>(x, q, scale, r0, r1, cols, qmax, keys, offset, \
+                                                nullptr);                                     \
   }                                                                                            \
   const Kernels kernels_##NAME = {nearest_rows_##NAME, stochastic_rows_##NAME};
 

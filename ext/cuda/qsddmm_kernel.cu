@@ -23,86 +23,32 @@
 // a device flag that the host reads back and turns into the CPU op's ValueError.
 // Edges whose output is empty (width 0) are checked too.
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <type_traits>
-#include <vector>
 
 #include "common/sparse_operands.h"
 #include "cuda/common.cuh"
+#include "cuda/sddmm_common.cuh"
 
 namespace qtrain {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
+using sddmm::dot_scale;
+using sddmm::edge_rows;
+using sddmm::elem;
+using sddmm::elem_at;
+using sddmm::kAdd;
+using sddmm::kDot;
+using sddmm::kMul;
+using sddmm::kSub;
+using sddmm::kThreads;
 
-using sparse_operands::kAdd;
-using sparse_operands::kDot;
-using sparse_operands::kMul;
-using sparse_operands::kSub;
-
-struct SddmmArgs {
-  const void* li;
-  const void* ri;
-  const int8_t* ql;
-  const int8_t* qr;
-  float* out;
-  int64_t E;
-  int64_t n_l;
-  int64_t n_r;
-  int64_t F;  // H * D
-  int64_t H;
-  int64_t D;
-  float sl;
-  float sr;
-  float both;  // fl32(sl * sr)
-  const float* rsl;  // row scales of q_l (null: none), Hl per row
-  const float* rsr;  // row scales of q_r (null: none), Hr per row
-  int64_t Hl;
-  int64_t Hr;
-  bool vec;    // 32-bit gathers (and float4 stores for add / sub / mul)
-  int* flag;
-};
-
-template <typename I>
-__device__ __forceinline__ bool edge_rows(const SddmmArgs& a, int64_t e, int64_t& i, int64_t& j) {
-  i = static_cast<int64_t>(static_cast<const I*>(a.li)[e]);
-  j = static_cast<int64_t>(static_cast<const I*>(a.ri)[e]);
-  return static_cast<uint64_t>(i) < static_cast<uint64_t>(a.n_l) &&
-         static_cast<uint64_t>(j) < static_cast<uint64_t>(a.n_r);
-}
-
-// One side's scale for row `row`, head h: s, or fl32(s * rs[row, h]) with row scales.
-__device__ __forceinline__ float side_scale(float s, const float* rs, int64_t Hs, int64_t row,
-                                            int64_t h) {
-  return rs == nullptr ? s : __fmul_rn(s, __ldg(rs + row * Hs + (Hs > 1 ? h : 0)));
-}
-
-template <int OP>
-__device__ __forceinline__ float elem(int32_t x, int32_t y, float sl, float sr, float both) {
-  if constexpr (OP == kAdd) {
-    return __fadd_rn(__fmul_rn(static_cast<float>(x), sl), __fmul_rn(static_cast<float>(y), sr));
-  } else if constexpr (OP == kSub) {
-    return __fsub_rn(__fmul_rn(static_cast<float>(x), sl), __fmul_rn(static_cast<float>(y), sr));
-  } else {
-    return __fmul_rn(__int2float_rn(x * y), both);
-  }
-}
-
-// Element f of edge (i, j) with row scales: its head's scales.
-template <int OP>
-__device__ __forceinline__ float elem_rows_scaled(const SddmmArgs& a, int64_t i, int64_t j,
-                                                  int64_t f, int32_t x, int32_t y) {
-  const int64_t h = a.D > 0 ? f / a.D : 0;
-  const float sl = side_scale(a.sl, a.rsl, a.Hl, i, h);
-  const float sr = side_scale(a.sr, a.rsr, a.Hr, j, h);
-  return elem<OP>(x, y, sl, sr, __fmul_rn(sl, sr));
-}
+using SddmmArgs = sddmm::Args<int8_t>;
 
 template <typename I, int G, int OP>
 __global__ void __launch_bounds__(kThreads) elementwise_kernel(SddmmArgs a) {
@@ -120,8 +66,8 @@ __global__ void __launch_bounds__(kThreads) elementwise_kernel(SddmmArgs a) {
   const int8_t* y = a.qr + j * a.F;
   if (a.rsl != nullptr || a.rsr != nullptr) {
     for (int64_t f = lane; f < a.F; f += G) {
-      o[f] = elem_rows_scaled<OP>(a, i, j, f, static_cast<int32_t>(__ldg(x + f)),
-                                  static_cast<int32_t>(__ldg(y + f)));
+      o[f] = elem_at<OP>(a, i, j, f, static_cast<int32_t>(__ldg(x + f)),
+                         static_cast<int32_t>(__ldg(y + f)));
     }
     return;
   }
@@ -188,32 +134,21 @@ __global__ void __launch_bounds__(kThreads) dot_kernel(SddmmArgs a) {
     } else {
       f = __int2float_rn(s);
     }
-    float both = a.both;
-    if (a.rsl != nullptr || a.rsr != nullptr) {
-      both = __fmul_rn(side_scale(a.sl, a.rsl, a.Hl, i, h), side_scale(a.sr, a.rsr, a.Hr, j, h));
-    }
-    a.out[p] = __fmul_rn(f, both);
+    a.out[p] = __fmul_rn(f, dot_scale(a, i, j, h));
   }
-}
-
-unsigned blocks_for(int64_t groups, int G) {
-  const int64_t blocks = (groups * G + kThreads - 1) / kThreads;
-  TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, "qtrain::qsddmm: too many edges (", groups,
-                    " groups)");
-  return static_cast<unsigned>(blocks);
 }
 
 template <typename I, int G>
 void launch_g(int op, const SddmmArgs& a, cudaStream_t stream) {
   if (op == kDot) {
-    const unsigned grid = blocks_for(a.E * a.H, G);
+    const unsigned grid = sddmm::blocks_for("qtrain::qsddmm", a.E * a.H, G);
     if (a.D >= (int64_t{1} << 17)) {
       dot_kernel<I, G, true><<<grid, kThreads, 0, stream>>>(a);
     } else {
       dot_kernel<I, G, false><<<grid, kThreads, 0, stream>>>(a);
     }
   } else {
-    const unsigned grid = blocks_for(a.E, G);
+    const unsigned grid = sddmm::blocks_for("qtrain::qsddmm", a.E, G);
     if (op == kAdd) {
       elementwise_kernel<I, G, kAdd><<<grid, kThreads, 0, stream>>>(a);
     } else if (op == kSub) {
@@ -251,46 +186,21 @@ at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double s
   const c10::cuda::CUDAGuard guard(q_lhs_in.device());
   const sparse_operands::Sddmm s = sparse_operands::sddmm(
       op_name, q_lhs_in, lhs_index_in, q_rhs_in, rhs_index_in, row_scale_lhs, row_scale_rhs);
-  const int op = s.op;
-  const bool wide = s.wide;
-  const at::Tensor &ql = s.ql, &qr = s.qr, &li = s.li, &ri = s.ri, &out = s.out;
-  const int64_t E = s.E, H = s.H, D = s.D;
-  if (E == 0) return out;
+  if (s.E == 0) return s.out;
 
-  at::Tensor flag = at::zeros({1}, ql.options().dtype(at::kInt));
-  SddmmArgs a{};
-  a.li = li.const_data_ptr();
-  a.ri = ri.const_data_ptr();
-  a.ql = ql.const_data_ptr<int8_t>();
-  a.qr = qr.const_data_ptr<int8_t>();
-  a.out = out.mutable_data_ptr<float>();
-  a.E = E;
-  a.n_l = ql.size(0);
-  a.n_r = qr.size(0);
-  a.F = H * D;
-  a.H = H;
-  a.D = D;
-  a.sl = static_cast<float>(scale_lhs);
-  a.sr = static_cast<float>(scale_rhs);
-  a.both = a.sl * a.sr;  // host float32 multiply, as the CPU op
-  a.rsl = s.rsl.defined() ? s.rsl.const_data_ptr<float>() : nullptr;
-  a.rsr = s.rsr.defined() ? s.rsr.const_data_ptr<float>() : nullptr;
-  a.Hl = s.Hl;
-  a.Hr = s.Hr;
-  const int64_t width = op == kDot ? D : a.F;
+  at::Tensor flag = at::zeros({1}, s.ql.options().dtype(at::kInt));
+  SddmmArgs a = sddmm::make_args<int8_t>(s, scale_lhs, scale_rhs, flag.mutable_data_ptr<int>());
+  const int64_t width = s.op == kDot ? a.D : a.F;
   a.vec = width % 4 == 0 && a.F % 4 == 0 && is_aligned(a.ql, 4) && is_aligned(a.qr, 4) &&
           is_aligned(a.out, 16);
-  a.flag = flag.mutable_data_ptr<int>();
   cudaStream_t stream = current_stream();
-  if (wide) {
-    launch<int64_t>(op, a, stream);
+  if (s.wide) {
+    launch<int64_t>(s.op, a, stream);
   } else {
-    launch<int32_t>(op, a, stream);
+    launch<int32_t>(s.op, a, stream);
   }
-  const int bad = read_back(a.flag, stream);
-  TORCH_CHECK_VALUE(bad == 0, fn, ": an entry of lhs_index is outside [0, ", a.n_l,
-                    ") (rows of q_lhs) or of rhs_index outside [0, ", a.n_r, ") (rows of q_rhs)");
-  return out;
+  sddmm::check_flag(fn, "q_lhs", "q_rhs", a, stream);
+  return s.out;
 }
 
 }  // namespace

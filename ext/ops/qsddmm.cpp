@@ -39,26 +39,8 @@ struct QSddmm {
                     const at::Tensor& lhs_index, const at::Tensor& q_rhs, double,
                     const at::Tensor& rhs_index, const std::optional<at::Tensor>& row_scale_lhs,
                     const std::optional<at::Tensor>& row_scale_rhs) {
-    constexpr const char* fn = "qtrain::qsddmm";
-    TORCH_CHECK_VALUE(op == c10::string_view("add") || op == c10::string_view("sub") ||
-                          op == c10::string_view("mul") || op == c10::string_view("dot"),
-                      fn, ": op must be one of 'add', 'sub', 'mul', 'dot', got '", op, "'");
-    checks::int8_rows(fn, "q_lhs", q_lhs);
-    const at::Device device = q_lhs.device();
-    checks::int8_rows(fn, "q_rhs", q_rhs);
-    checks::same_device(fn, "q_rhs", q_rhs, "q_lhs", device);
-    checks::index(fn, "lhs_index", lhs_index);
-    checks::same_device(fn, "lhs_index", lhs_index, "q_lhs", device);
-    checks::index(fn, "rhs_index", rhs_index);
-    checks::same_device(fn, "rhs_index", rhs_index, "q_lhs", device);
-    TORCH_CHECK_VALUE(q_lhs.sizes().slice(1) == q_rhs.sizes().slice(1), fn,
-                      ": q_lhs and q_rhs need the same trailing shape, got ", q_lhs.sizes(),
-                      " and ", q_rhs.sizes());
-    TORCH_CHECK_VALUE(lhs_index.numel() == rhs_index.numel(), fn, ": lhs_index has ",
-                      lhs_index.numel(), " entries, rhs_index ", rhs_index.numel());
-    const int64_t heads = q_lhs.dim() == 3 ? q_lhs.size(1) : 1;
-    checks::row_scale(fn, "row_scale_lhs", "q_lhs", device, q_lhs.size(0), heads, row_scale_lhs);
-    checks::row_scale(fn, "row_scale_rhs", "q_rhs", device, q_rhs.size(0), heads, row_scale_rhs);
+    checks::sddmm("qtrain::qsddmm", op, false, "q_lhs", q_lhs, lhs_index, "q_rhs", q_rhs,
+                  rhs_index, row_scale_lhs, row_scale_rhs);
   }
 };
 

@@ -36,12 +36,7 @@ struct QSpmm4 {
                     const std::optional<at::Tensor>& row_scale) {
     constexpr const char* fn = "qtrain::qspmm4";
     checks::spmm_indices(fn, indptr, indices);
-    checks::dense(fn, "packed", packed);
-    checks::dtype(fn, "packed", packed, at::kByte);
-    TORCH_CHECK_VALUE(packed.dim() == 2 || packed.dim() == 3, fn,
-                      ": packed must have shape [N, ceil(width / 2)] or [N, H, ceil(width / 2)],"
-                      " got ",
-                      packed.sizes());
+    checks::packed_rows(fn, "packed", packed);
     checks::same_device(fn, "packed", packed, "indptr", indptr.device());
     checks::int4_width(fn, packed, width);
     checks::spmm_weights(fn, indptr, indices, packed.dim() == 3 ? packed.size(1) : 1, weight,

@@ -9,8 +9,9 @@ again. All products go to ``qtrain.ops.gemm`` / ``qtrain.ops.sparse``, which
 pick the compiled kernel and count the call.
 
 At 4 bits or fewer (the policy's ``packed``) an SpMM gathers packed rows (``qspmm4``:
-half the bytes of int8) and keeps them for its backward, and a GEMM keeps X's columns
-packed, unpacking them in backward; the values are those of int8 storage, bit for bit.
+half the bytes of int8) and keeps them for its backward, whose attention-weight SDDMM
+reads them packed too (``qsddmm4``), and a GEMM keeps X's columns packed, unpacking them
+in backward; the values are those of int8 storage, bit for bit.
 
 Gradients of float32 inputs are float32; master weights stay float32 (the
 optimizer never sees a quantized value).
@@ -38,7 +39,7 @@ from qtrain.plugins.tango.policy import (
 from qtrain.ops.gemm import int8_block_gemm, int8_gemm
 from qtrain.ops.graph import GraphCSR
 from qtrain.ops.rotate import hadamard_rotate
-from qtrain.ops.sparse import qsddmm, qspmm, qspmm_packed
+from qtrain.ops.sparse import qsddmm, qsddmm_packed, qspmm, qspmm_packed
 from qtrain.ops.typed import int8_segment_gemm
 from qtrain.quant.granular import dequantize_tiles
 from qtrain.quant.quantize import dequantize
@@ -472,6 +473,25 @@ def _gather_sum(
     return qspmm(indptr, indices, q, s, weight, eids, policy.backend)
 
 
+def _edge_dots(
+    policy: QuantPolicy,
+    csr: GraphCSR,
+    x: tuple[torch.Tensor, torch.Tensor],
+    g: tuple[torch.Tensor, torch.Tensor],
+    width: int,
+) -> torch.Tensor:
+    """Each edge's dot of its source's row of x and its destination's row of g (rows of
+    ``width`` values; per head for 3-d rows): the SDDMM over packed rows (``qsddmm4``, which
+    reads the nibbles) when both are stored packed, else over int8 rows (a packed side
+    unpacked)."""
+    (qx, sx), (qg, sg) = x, g
+    if qx.dtype == torch.uint8 and qg.dtype == torch.uint8:
+        return qsddmm_packed("dot", qx, sx, csr.src, qg, sg, csr.dst, width, policy.backend)
+    qx, sx = policy.unpacked((qx, sx), width)
+    qg, sg = policy.unpacked((qg, sg), width)
+    return qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
+
+
 def _spread_shift(
     csr: GraphCSR, shift: torch.Tensor, weight: torch.Tensor | None, like: torch.Tensor
 ) -> torch.Tensor:
@@ -532,10 +552,9 @@ class QuantSpMM(torch.autograd.Function):
             )
         if w is not None and ctx.needs_input_grad[3]:
             ((qx, sx),) = _operands(ctx, stored)
-            qx, sx = policy.unpacked((qx, sx), ctx.width)  # the SDDMM reads int8
-            qg, sg = policy.unpacked((qg, sg), grad.shape[-1])
-            dots = qsddmm("dot", qx, sx, csr.src, qg, sg, csr.dst, policy.backend)
+            dots = _edge_dots(policy, csr, (qx, sx), (qg, sg), ctx.width)
             if shift is not None:  # x = q s + m: m times the sum of each gradient row
+                qg, sg = policy.unpacked((qg, sg), ctx.width)
                 sums = dequantize(qg, sg).sum(-1, keepdim=True).index_select(0, csr.dst.long())
                 dots = dots + shift.index_select(0, csr.src.long()) * sums
             dw = _reduce_to(dots, ctx.w_shape)

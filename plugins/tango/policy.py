@@ -40,9 +40,10 @@ lose accuracy that more bits there win back (synthetic-arxiv GCN at 4 bits, READ
 Packed operands (``packed``): at 4 bits or fewer a quantized value fits a nibble, so an
 operand asked for ``packed`` is stored two values a byte (uint8 ``[..., ceil(D / 2)]``,
 ``qtrain.ops.packed``): what the cache keeps, what a product saves for its backward and the
-rows an SpMM gathers (``qspmm4``) take half the bytes of int8. A product that reads int8
-(the GEMMs) unpacks; a tensor asked for both forms is quantized once, the second form made
-from the first (packing or unpacking, no second draw).
+rows an SpMM gathers (``qspmm4``) and an SDDMM reads (``qsddmm4``) take half the bytes of
+int8. Rows are quantized straight into nibbles (``quantize_per_row_packed``: no int8 copy).
+A product that reads int8 (the GEMMs) unpacks; a tensor asked for both forms is quantized
+once, the second form made from the first (packing or unpacking, no second draw).
 
 Unsigned levels (``unsigned``): symmetric levels ``-(2^(b-1) - 1) .. 2^(b-1) - 1`` spend
 half their codes on signs that a ReLU's output never has: at 2 bits such a tensor keeps
@@ -83,7 +84,13 @@ from qtrain.plugins.tango.cache import QuantCache, Quantized
 from torch.utils.weak import WeakIdKeyDictionary
 
 from qtrain.ops.packed import pack_int4, unpack_int4
-from qtrain.ops.quantize import quantize, quantize_per_column, quantize_per_row
+from qtrain.ops.quantize import (
+    PACKED_ROW_BITS,
+    quantize,
+    quantize_per_column,
+    quantize_per_row,
+    quantize_per_row_packed,
+)
 from qtrain.ops.rotate import hadamard_rotate
 
 _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from the stream's
@@ -221,6 +228,7 @@ class QuantPolicy:
         by: str = ROWS,
         bits: int | None = None,
         shifted: bool = False,
+        packed: bool = False,
     ) -> Quantized:
         """Quantize x now (anything that is used once), ``by`` as the module doc says, at
         ``bits`` (None: :meth:`bits_for` outside a recording step: ``input_bits`` for a
@@ -236,7 +244,9 @@ class QuantPolicy:
         come out as they did.
 
         ``shifted``: the caller corrects for affine levels (module doc), which x then
-        takes where :meth:`shifts` and it has a negative value."""
+        takes where :meth:`shifts` and it has a negative value. ``packed``: stored two
+        values a byte (the caller has checked :meth:`packs`); rows are quantized straight
+        into nibbles, no int8 copy made."""
         if bits is None:
             bits = self.bits_for(x, True, False)
         if bits != self.bits:
@@ -264,7 +274,7 @@ class QuantPolicy:
             else:
                 offset = self._take(target.numel())
         try:
-            q, scale = self._quantize(target, by, bits, seed, offset)
+            q, scale = self._quantize(target, by, bits, seed, offset, packed)
         except ValueError:
             # checked only once the quantizer has refused x: no extra pass when x is finite
             if bool(torch.isfinite(x).all()):
@@ -344,8 +354,17 @@ class QuantPolicy:
         """The Hadamard block for a summed dimension of ``length`` (:func:`rotation_block`)."""
         return rotation_block(self.rotation, length)
 
-    def _quantize(self, x: torch.Tensor, by: str, bits: int, seed: int, offset: int) -> Quantized:
+    def _quantize(
+        self, x: torch.Tensor, by: str, bits: int, seed: int, offset: int, packed: bool = False
+    ) -> Quantized:
         args = (bits, self.rounding, seed, offset, self.backend)
+        if packed:
+            with self._lock:
+                self.operands_packed += 1
+            if by in (ROWS, ROTATED_ROWS) and bits <= PACKED_ROW_BITS:
+                return Quantized(*quantize_per_row_packed(x, *args))
+            q, scale = self._quantize(x, by, bits, seed, offset)
+            return Quantized(pack_int4(q, self.backend), scale)
         if by == TENSOR:
             return quantize(x, *args)
         if by == COLUMNS:
@@ -414,8 +433,7 @@ class QuantPolicy:
         packed = packed and self.packs(bits)
         shifted = shifted and self.shifts(x, by, bits)
         if self.cache is None:
-            value = self.fresh(x, constant, by, bits, shifted)
-            return self._packed(value) if packed else value
+            return self.fresh(x, constant, by, bits, shifted, packed)
         settings = self._settings(constant, self.granularity(x, by), bits, shifted)
         packed_settings = (*settings, "packed")
         mine, other = (packed_settings, settings) if packed else (settings, packed_settings)
@@ -425,8 +443,7 @@ class QuantPolicy:
             # one quantization a tensor: its other form, if cached, converted
             found = cache.peek(t, other)
             if found is None:
-                value = self.fresh(t, constant, by, bits, shifted)
-                return self._packed(value) if packed else value
+                return self.fresh(t, constant, by, bits, shifted, packed)
             if packed:
                 return self._packed(found)
             return self.unpacked(found, self.quantized_width(t, by))

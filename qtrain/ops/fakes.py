@@ -38,6 +38,13 @@ def quantize_symmetric_rows(
     return _empty(x.shape, torch.int8, x), _empty((x.shape[0], 1), torch.float32, x)
 
 
+def quantize_symmetric_rows4(
+    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0
+) -> tuple[Tensor, Tensor]:
+    packed = _empty((x.shape[0], (x.shape[1] + 1) // 2), torch.uint8, x)
+    return packed, _empty((x.shape[0], 1), torch.float32, x)
+
+
 def quantize_symmetric_cols(
     x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0, block: int = 0
 ) -> tuple[Tensor, Tensor]:
@@ -104,6 +111,23 @@ def qsddmm(
     edges = lhs_index.shape[0]
     trailing = (*q_lhs.shape[1:-1], 1) if op == "dot" else q_lhs.shape[1:]
     return _empty((edges, *trailing), torch.float32, q_lhs)
+
+
+def qsddmm4(
+    op: str,
+    packed_lhs: Tensor,
+    scale_lhs: float,
+    lhs_index: Tensor,
+    packed_rhs: Tensor,
+    scale_rhs: float,
+    rhs_index: Tensor,
+    width: int,
+    row_scale_lhs: Tensor | None = None,
+    row_scale_rhs: Tensor | None = None,
+) -> Tensor:
+    edges = lhs_index.shape[0]
+    trailing = (*packed_lhs.shape[1:-1], 1 if op == "dot" else width)
+    return _empty((edges, *trailing), torch.float32, packed_lhs)
 
 
 def _gemm_shape(a: Tensor, b: Tensor, layout: str) -> tuple[Any, Any]:
@@ -270,6 +294,7 @@ FAKES: dict[str, Callable[..., Any]] = {
     for fn in (
         quantize_symmetric,
         quantize_symmetric_rows,
+        quantize_symmetric_rows4,
         quantize_symmetric_cols,
         hadamard_rotate,
         fill_counter_uniform,
@@ -278,6 +303,7 @@ FAKES: dict[str, Callable[..., Any]] = {
         pack_int4,
         unpack_int4,
         qsddmm,
+        qsddmm4,
         int8_gemm,
         int8_block_gemm,
         quantized_gemm,

@@ -11,12 +11,14 @@ import torch
 
 from qtrain.ops import dispatch
 from qtrain.quant import granular
+from qtrain.quant import packed as packed_ref
 from qtrain.quant import quantize as ref
 from qtrain.quant.rng import op_seed
 
 QUANTIZE_KERNELS = ("ext-cpu", "ext-cuda")
 # compiled backends implementing quantize_symmetric_rows
 ROW_QUANTIZE_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
+PACKED_ROW_BITS = 4  # the most bits quantize_per_row_packed stores (a value fits a nibble)
 # compiled backends implementing quantize_symmetric_cols
 COL_QUANTIZE_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")
 
@@ -74,6 +76,48 @@ def quantize_per_row(
         if chosen == "reference":
             return granular.quantize_rows_symmetric(xf, bits, rounding, seed, offset)
         return torch.ops.qtrain.quantize_symmetric_rows(
+            xf, bits, ref.stochastic(rounding), op_seed(seed), offset
+        )
+
+
+def reference_quantize_rows4(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pure-PyTorch definition of the op ``quantize_symmetric_rows4``: ``(pack_int4(q),
+    scale)`` of ``quantize_rows_symmetric`` at 2 to 4 bits."""
+    bits = ref.check_bits(bits)
+    if bits > PACKED_ROW_BITS:
+        raise ValueError(f"bits must be an integer in 2..{PACKED_ROW_BITS}, got {bits}")
+    q, scale = granular.quantize_rows_symmetric(x, bits, rounding, seed, offset)
+    return packed_ref.pack_int4(q), scale
+
+
+def quantize_per_row_packed(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_per_row` at 2 to 4 bits with its values stored two a byte: ``(packed
+    uint8 [..., ceil(D / 2)], scale)``, bit for bit ``pack_int4`` of its q, made in one pass
+    (the int8 values are never written out). What tango stores at 4 bits or fewer.
+    Counted as the primitive "quantize_rows", like :func:`quantize_per_row`."""
+    xf = ref.as_float32(x)
+    if xf.dim() > 2:
+        rows = xf.reshape(xf.shape[:-1].numel(), xf.shape[-1])
+        packed, scale = quantize_per_row_packed(rows, bits, rounding, seed, offset, backend)
+        return packed.view(*xf.shape[:-1], packed.shape[-1]), scale.view(*xf.shape[:-1], 1)
+    chosen = dispatch.resolve("quantize_rows", xf, backend, kernels=ROW_QUANTIZE_KERNELS)
+    with dispatch.call("quantize_rows", chosen):
+        if chosen == "reference":
+            return reference_quantize_rows4(xf, bits, rounding, seed, offset)
+        return torch.ops.qtrain.quantize_symmetric_rows4(
             xf, bits, ref.stochastic(rounding), op_seed(seed), offset
         )
 

@@ -58,6 +58,7 @@ from qtrain.quant import packed as packed_ref
 SPMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qspmm
 SDDMM_KERNELS: tuple[str, ...] = ("ext-cpu", "ext-cuda")  # compiled backends implementing qsddmm
 SDDMM_OPS = ("add", "sub", "mul", "dot")
+PACKED_SDDMM_NAMES = ("qsddmm4", "packed_lhs", "packed_rhs")  # the op, its two operands
 
 # ---------------------------------------------------------------- the references' checks
 #
@@ -157,14 +158,14 @@ def _check_row_scale(fn: str, name: str, row_scale: object, of: str, q: torch.Te
         )
 
 
-def _check_packed(fn: str, packed: object, width: object) -> None:
+def _check_packed(fn: str, packed: object, width: object, name: str = "packed") -> None:
     """Dense uint8 rows [N, ceil(width / 2)] or [N, H, ceil(width / 2)] (pack_int4's layout)."""
-    packed = _check_dense(fn, "packed", packed)
+    packed = _check_dense(fn, name, packed)
     if packed.dtype != torch.uint8:
-        raise TypeError(f"{fn}: packed must be uint8, got {_dtype_name(packed.dtype)}")
+        raise TypeError(f"{fn}: {name} must be uint8, got {_dtype_name(packed.dtype)}")
     if packed.dim() not in (2, 3):
         raise ValueError(
-            f"{fn}: packed must have shape [N, ceil(width / 2)] or [N, H, ceil(width / 2)], "
+            f"{fn}: {name} must have shape [N, ceil(width / 2)] or [N, H, ceil(width / 2)], "
             f"got {list(packed.shape)}"
         )
 
@@ -221,21 +222,26 @@ def _check_qsddmm(
     rhs_index: torch.Tensor,
     row_scale_lhs: torch.Tensor | None = None,
     row_scale_rhs: torch.Tensor | None = None,
+    width: int | None = None,
 ) -> None:
-    """What ``torch.ops.qtrain.qsddmm`` refuses (front and kernels), refused the same way."""
-    fn = "qsddmm"
+    """What ``torch.ops.qtrain.qsddmm`` refuses (front and kernels), refused the same way;
+    with ``width``, what ``qsddmm4`` refuses (packed rows of ``width`` 4-bit values)."""
+    fn, lhs, rhs = ("qsddmm", "q_lhs", "q_rhs") if width is None else PACKED_SDDMM_NAMES
     if op not in SDDMM_OPS:
         raise ValueError(f"{fn}: op must be one of {', '.join(map(repr, SDDMM_OPS))}, got {op!r}")
-    _check_q(fn, "q_lhs", q_lhs)
-    _check_q(fn, "q_rhs", q_rhs)
-    _check_device(fn, "q_rhs", q_rhs, "q_lhs", q_lhs)
+    for name, t in ((lhs, q_lhs), (rhs, q_rhs)):
+        if width is None:
+            _check_q(fn, name, t)
+        else:
+            _check_packed(fn, t, width, name)
+    _check_device(fn, rhs, q_rhs, lhs, q_lhs)
     _check_index(fn, "lhs_index", lhs_index)
-    _check_device(fn, "lhs_index", lhs_index, "q_lhs", q_lhs)
+    _check_device(fn, "lhs_index", lhs_index, lhs, q_lhs)
     _check_index(fn, "rhs_index", rhs_index)
-    _check_device(fn, "rhs_index", rhs_index, "q_lhs", q_lhs)
+    _check_device(fn, "rhs_index", rhs_index, lhs, q_lhs)
     if q_lhs.shape[1:] != q_rhs.shape[1:]:
         raise ValueError(
-            f"{fn}: q_lhs and q_rhs need the same trailing shape, got {list(q_lhs.shape)} "
+            f"{fn}: {lhs} and {rhs} need the same trailing shape, got {list(q_lhs.shape)} "
             f"and {list(q_rhs.shape)}"
         )
     if lhs_index.numel() != rhs_index.numel():
@@ -243,13 +249,15 @@ def _check_qsddmm(
             f"{fn}: lhs_index has {lhs_index.numel()} entries, rhs_index {rhs_index.numel()}"
         )
     if row_scale_lhs is not None:
-        _check_row_scale(fn, "row_scale_lhs", row_scale_lhs, "q_lhs", q_lhs)
+        _check_row_scale(fn, "row_scale_lhs", row_scale_lhs, lhs, q_lhs)
     if row_scale_rhs is not None:
-        _check_row_scale(fn, "row_scale_rhs", row_scale_rhs, "q_rhs", q_rhs)
+        _check_row_scale(fn, "row_scale_rhs", row_scale_rhs, rhs, q_rhs)
+    if width is not None:
+        packed_ref.check_int4_width(fn, q_lhs, width, lhs)
     if not (_in_range(lhs_index, q_lhs.shape[0]) and _in_range(rhs_index, q_rhs.shape[0])):
         raise ValueError(
-            f"{fn}: an entry of lhs_index is outside [0, {q_lhs.shape[0]}) (rows of q_lhs) "
-            f"or of rhs_index outside [0, {q_rhs.shape[0]}) (rows of q_rhs)"
+            f"{fn}: an entry of lhs_index is outside [0, {q_lhs.shape[0]}) (rows of {lhs}) "
+            f"or of rhs_index outside [0, {q_rhs.shape[0]}) (rows of {rhs})"
         )
 
 
@@ -457,6 +465,29 @@ def reference_qsddmm(
     return prod.sum(dim=-1, keepdim=True).to(torch.float32) * both
 
 
+def reference_qsddmm4(
+    op: str,
+    packed_lhs: torch.Tensor,
+    scale_lhs: torch.Tensor | float,
+    lhs_index: torch.Tensor,
+    packed_rhs: torch.Tensor,
+    scale_rhs: torch.Tensor | float,
+    rhs_index: torch.Tensor,
+    width: int,
+    row_scale_lhs: torch.Tensor | None = None,
+    row_scale_rhs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The pure-PyTorch definition of the op ``qsddmm4``: :func:`reference_qsddmm` of the
+    unpacked rows (it checks its arguments as the op does)."""
+    _check_qsddmm(
+        op, packed_lhs, lhs_index, packed_rhs, rhs_index, row_scale_lhs, row_scale_rhs, width
+    )
+    q_lhs = packed_ref.unpack_int4(packed_lhs, width)
+    q_rhs = packed_ref.unpack_int4(packed_rhs, width)
+    args = (op, q_lhs, scale_lhs, lhs_index, q_rhs, scale_rhs, rhs_index)
+    return reference_qsddmm(*args, row_scale_lhs, row_scale_rhs)
+
+
 def _side_scales(
     scale: torch.Tensor | float,
     row_scale: torch.Tensor | None,
@@ -499,3 +530,31 @@ def qsddmm(
         if chosen == "reference":
             return reference_qsddmm(*args, row_scale_lhs, row_scale_rhs)
         return torch.ops.qtrain.qsddmm(*args, row_scale_lhs, row_scale_rhs)
+
+
+def qsddmm_packed(
+    op: str,
+    packed_lhs: torch.Tensor,
+    scale_lhs: torch.Tensor | float,
+    lhs_index: torch.Tensor,
+    packed_rhs: torch.Tensor,
+    scale_rhs: torch.Tensor | float,
+    rhs_index: torch.Tensor,
+    width: int,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """:func:`qsddmm` of rows of ``width`` 4-bit values packed two per byte (uint8 ``[N,
+    ceil(width / 2)]`` or ``[N, H, ceil(width / 2)]`` on both sides,
+    ``qtrain.ops.packed.pack_int4``'s layout), bit for bit ``qsddmm(op,
+    unpack_int4(packed_lhs, width), scale_lhs, lhs_index, unpack_int4(packed_rhs, width),
+    ...)``: the kernels read the nibbles as they gather, so no unpacked copy is made.
+    Scales as in :func:`qsddmm`. Counted as the primitive "sddmm", like :func:`qsddmm`."""
+    fn = PACKED_SDDMM_NAMES[0]
+    op_scale_lhs, row_scale_lhs = _split_scale(fn, scale_lhs, packed_lhs, "scale_lhs")
+    op_scale_rhs, row_scale_rhs = _split_scale(fn, scale_rhs, packed_rhs, "scale_rhs")
+    args = (op, packed_lhs, op_scale_lhs, lhs_index, packed_rhs, op_scale_rhs, rhs_index, width)
+    chosen = dispatch.resolve("sddmm", packed_lhs, backend, kernels=SDDMM_KERNELS)
+    with dispatch.call("sddmm", chosen):
+        if chosen == "reference":
+            return reference_qsddmm4(*args, row_scale_lhs, row_scale_rhs)
+        return torch.ops.qtrain.qsddmm4(*args, row_scale_lhs, row_scale_rhs)

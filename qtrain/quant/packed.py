@@ -20,8 +20,9 @@ def packed_width(width: int) -> int:
     return (width + 1) // 2
 
 
-def check_int4_width(fn: str, packed: torch.Tensor, width: object) -> int:
-    """``width`` if ``ceil(width / 2) == packed.shape[-1]``, else ValueError."""
+def check_int4_width(fn: str, packed: torch.Tensor, width: object, name: str = "packed") -> int:
+    """``width`` if ``ceil(width / 2) == packed.shape[-1]``, else ValueError (naming the
+    packed operand ``name``)."""
     nbytes = packed.shape[-1] if packed.dim() >= 1 else 0
     if (
         isinstance(width, bool)
@@ -31,7 +32,7 @@ def check_int4_width(fn: str, packed: torch.Tensor, width: object) -> int:
     ):
         fits = f"{max(2 * nbytes - 1, 0)} or {2 * nbytes}"
         raise ValueError(
-            f"{fn}: width must satisfy ceil(width / 2) == packed.size(-1) ({nbytes} bytes: "
+            f"{fn}: width must satisfy ceil(width / 2) == {name}.size(-1) ({nbytes} bytes: "
             f"width {fits}), got {width!r}"
         )
     return width

@@ -221,9 +221,10 @@ def test_a_gradient_shared_by_two_products_is_quantized_once(
         by: str = "rows",
         bits: int | None = None,
         shifted: bool = False,
+        packed: bool = False,
     ) -> Any:
         made.append(tuple(x.shape))
-        return real(self, x, constant, by, bits, shifted)
+        return real(self, x, constant, by, bits, shifted, packed)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
     torch.manual_seed(0)
@@ -333,10 +334,11 @@ def refused_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
         by: str = "rows",
         bits: int | None = None,
         shifted: bool = False,
+        packed: bool = False,
     ) -> Any:
         if inside_kernel():
             raise NonFiniteOperand("operand holds NaN or Inf")
-        return real(self, x, constant, by, bits, shifted)
+        return real(self, x, constant, by, bits, shifted, packed)
 
     monkeypatch.setattr(QuantPolicy, "fresh", fresh)
 
@@ -747,9 +749,10 @@ def _count_quantized_shapes(policy: QuantPolicy) -> list[tuple[tuple[int, ...], 
         by: str = "rows",
         bits: int | None = None,
         shifted: bool = False,
+        packed: bool = False,
     ) -> Any:
         made.append((tuple(t.shape), policy.granularity(t, by)))
-        return real(t, constant, by, bits, shifted)
+        return real(t, constant, by, bits, shifted, packed)
 
     policy.fresh = fresh  # type: ignore[method-assign]
     return made
@@ -808,9 +811,10 @@ def test_graphconv_aggregating_first_quantizes_its_scaled_input_once() -> None:
             by: str = "rows",
             bits: int | None = None,
             shifted: bool = False,
+            packed: bool = False,
         ) -> Any:
             made.append(t.clone())
-            return real(t, constant, by, bits, shifted)
+            return real(t, constant, by, bits, shifted, packed)
 
         policy.fresh = fresh  # type: ignore[method-assign]
         for _ in range(3):

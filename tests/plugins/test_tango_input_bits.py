@@ -48,9 +48,11 @@ def _recorded_levels(policy: QuantPolicy) -> list[tuple[tuple[int, ...], int]]:
         by: str = "rows",
         bits: int | None = None,
         shifted: bool = False,
+        packed: bool = False,
     ) -> Any:
-        value = real(t, constant, by, bits, shifted)
-        made.append((tuple(t.shape), _levels(value[0])))
+        value = real(t, constant, by, bits, shifted, packed)
+        q = policy.unpacked(value, policy.quantized_width(t, by))[0]  # int8, packed or not
+        made.append((tuple(t.shape), _levels(q)))
         return value
 
     policy.fresh = fresh  # type: ignore[method-assign]

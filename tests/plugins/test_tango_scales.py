@@ -173,6 +173,12 @@ def test_a_per_head_spmm_is_the_sum_of_its_dequantized_heads(
     if weight is not None:
         dw = (x_hat[src] * g_hat[dst]).sum(-1, keepdim=True)
         torch.testing.assert_close(grads[1], dw, rtol=1e-5, atol=1e-3)
+    # packed rows are quantized straight into nibbles and read as stored: by both SpMMs and
+    # by the attention's SDDMM (qsddmm4); no int8 copy is packed or unpacked
+    counts = dispatch.snapshot()
+    assert "pack_int4" not in counts and "unpack_int4" not in counts, counts
+    assert policy.operands_packed == (2 if packed and bits <= 4 else 0)
+    assert counts.get("sddmm", {}) == ({"ext-cpu": 1} if weighted else {}), counts
 
 
 def test_gcn_layer_with_a_hub_node_trains_closer_with_row_scales() -> None:
