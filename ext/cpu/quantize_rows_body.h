@@ -7,14 +7,19 @@
 // reaches memory. See quantize_symmetric_rows_kernel.cpp for the rule.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common/rng.h"
 #include "cpu/int4.h"
 #include "cpu/isa.h"
 #include "cpu/quantize_bodies.h"
+#include "cpu/ranges.h"
+#include "cpu/threads.h"
 
 namespace qtrain {
 namespace cpu {
@@ -65,6 +70,52 @@ QT_ALWAYS_INLINE uint32_t quantize_rows_body(const float* __restrict x, void* __
     if constexpr (PACKED) int4::pack_row(qr, cols, reinterpret_cast<uint8_t*>(dst));
   }
   return worst;
+}
+
+// quantize_rows_body of one rounding, packing or not, inside an ISA variant.
+using RowsFn = uint32_t (*)(const float*, void*, float*, int64_t, int64_t, int64_t, int32_t,
+                            rng::Keys, uint64_t, int8_t*);
+
+struct RowKernels {
+  RowsFn nearest;
+  RowsFn stochastic;
+};
+
+// Defines the two roundings' row loops inside ISA variant NAME (its target attribute ATTR),
+// writing int8 or PACKED rows, and their table row_kernels_NAME (QT_SELECT_VARIANT).
+#define QT_DEFINE_ROWS_VARIANT(NAME, ATTR, PACKED)                                            \
+  ATTR uint32_t nearest_rows_##NAME(const float* x, void* out, float* scale, int64_t r0,      \
+                                    int64_t r1, int64_t cols, int32_t qmax, rng::Keys keys,   \
+                                    uint64_t offset, int8_t* buf) {                           \
+    return cpu::quantize_rows_body<false, PACKED>(x, out, scale, r0, r1, cols, qmax, keys,   \
+                                                  offset, buf);                              \
+  }                                                                                           \
+  ATTR uint32_t stochastic_rows_##NAME(const float* x, void* out, float* scale, int64_t r0,   \
+                                       int64_t r1, int64_t cols, int32_t qmax,                \
+                                       rng::Keys keys, uint64_t offset, int8_t* buf) {        \
+    return cpu::quantize_rows_body<true, PACKED>(x, out, scale, r0, r1, cols, qmax, keys,    \
+                                                 offset, buf);                               \
+  }                                                                                           \
+  const cpu::RowKernels row_kernels_##NAME = {nearest_rows_##NAME, stochastic_rows_##NAME};
+
+// Runs `body` over the rows of x [rows, cols] (contiguous float32, rows * cols > 0) into out
+// and scale, one contiguous chunk of rows per thread of a team sized for the element count
+// (with a row buffer each where `buffered`: the packed form); refuses NaN / Inf as op fn.
+inline void run_rows(const char* fn, RowsFn body, const float* x, void* out, float* scale,
+                     int64_t rows, int64_t cols, int64_t bits, int64_t seed, int64_t offset,
+                     bool buffered) {
+  const int32_t qmax = (1 << (bits - 1)) - 1;
+  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
+  const auto off = static_cast<uint64_t>(offset);
+  const int nt = static_cast<int>(std::min<int64_t>(plan_threads(rows * cols, ranges::kGrain), rows));
+  std::vector<uint32_t> worst(static_cast<size_t>(nt), 0u);
+  for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
+    std::vector<int8_t> buf(buffered ? static_cast<size_t>(cols) : 0);
+    worst[static_cast<size_t>(t)] = body(x, out, scale, r0, r1, cols, qmax, keys, off, buf.data());
+  });
+  const uint32_t m = *std::max_element(worst.begin(), worst.end());
+  TORCH_CHECK_VALUE(m < 0x7f800000u, fn,
+                    ": x contains NaN or Inf; quantization needs finite values");
 }
 
 }  // namespace cpu

@@ -25,34 +25,11 @@
 namespace qtrain {
 namespace {
 
-using RowsFn = uint32_t (*)(const float*, uint8_t*, float*, int64_t, int64_t, int64_t, int32_t,
-                            rng::Keys, uint64_t, int8_t*);
-
-struct Kernels {
-  RowsFn nearest;
-  RowsFn stochastic;
-};
-
-#define QT_DEFINE_VARIANT(NAME, ATTR)                                                         \
-  ATTR uint32_t nearest_rows_##NAME(const float* x, uint8_t* out, float* scale, int64_t r0,   \
-                                    int64_t r1, int64_t cols, int32_t qmax, rng::Keys keys,   \
-                                    uint64_t offset, int8_t* buf) {                           \
-    return cpu::quantize_rows_body<false, true>(x, out, scale, r0, r1, cols, qmax, keys,     \
-                                                offset, buf);                                \
-  }                                                                                           \
-  ATTR uint32_t stochastic_rows_##NAME(const float* x, uint8_t* out, float* scale, int64_t r0, \
-                                       int64_t r1, int64_t cols, int32_t qmax,                \
-                                       rng::Keys keys, uint64_t offset, int8_t* buf) {        \
-    return cpu::quantize_rows_body<true, true>(x, out, scale, r0, r1, cols, qmax, keys,      \
-                                               offset, buf);                                 \
-  }                                                                                           \
-  const Kernels kernels_##NAME = {nearest_rows_##NAME, stochastic_rows_##NAME};
-
 #define QT_NO_ATTR
-QT_DEFINE_VARIANT(default, QT_NO_ATTR)
+QT_DEFINE_ROWS_VARIANT(default, QT_NO_ATTR, true)
 #if QT_X86_DISPATCH
-QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2)
-QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
+QT_DEFINE_ROWS_VARIANT(avx2, QT_TARGET_AVX2, true)
+QT_DEFINE_ROWS_VARIANT(avx512, QT_TARGET_AVX512, true)
 #endif
 
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric_rows4(const at::Tensor& x_in, int64_t bits,
@@ -61,32 +38,16 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_rows4(const at::Tensor& x_
   const at::Tensor x = x_in.contiguous();
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
-  const int64_t n = rows * cols;
   const int64_t row_bytes = (cols + 1) / 2;
   at::Tensor packed = at::empty({rows, row_bytes}, x.options().dtype(at::kByte));
-  if (n == 0) return {packed, at::zeros({rows, 1}, x.options())};  // no columns: range 0
+  if (rows * cols == 0) return {packed, at::zeros({rows, 1}, x.options())};  // range 0
   at::Tensor scale = at::empty({rows, 1}, x.options());
-
-  const float* xp = x.const_data_ptr<float>();
   uint8_t* pp = packed.mutable_data_ptr<uint8_t>();
-  float* sp = scale.mutable_data_ptr<float>();
   advise_huge_pages(pp, static_cast<size_t>(rows * row_bytes));
-  const int32_t qmax = (1 << (bits - 1)) - 1;
-  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
-  const auto off = static_cast<uint64_t>(offset);
-  const Kernels& K = QT_SELECT_VARIANT(kernels_);
-  const RowsFn body = stochastic ? K.stochastic : K.nearest;
-
-  const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
-  std::vector<uint32_t> worst(static_cast<size_t>(nt), 0u);
-  for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
-    std::vector<int8_t> buf(static_cast<size_t>(cols));  // one row, quantized then packed
-    worst[static_cast<size_t>(t)] = body(xp, pp, sp, r0, r1, cols, qmax, keys, off, buf.data());
-  });
-  const uint32_t m = *std::max_element(worst.begin(), worst.end());
-  TORCH_CHECK_VALUE(m < 0x7f800000u,
-                    "qtrain::quantize_symmetric_rows4: x contains NaN or Inf; quantization "
-                    "needs finite values");
+  const cpu::RowKernels& K = QT_SELECT_VARIANT(row_kernels_);
+  cpu::run_rows("qtrain::quantize_symmetric_rows4", stochastic ? K.stochastic : K.nearest,
+                x.const_data_ptr<float>(), pp, scale.mutable_data_ptr<float>(), rows, cols, bits,
+                seed, offset, true);
   return {packed, scale};
 }
 

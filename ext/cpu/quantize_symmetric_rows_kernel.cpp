@@ -43,37 +43,12 @@ namespace {
 
 // ---------------------------------------------------------------- ISA variants
 
-using RowsFn = uint32_t (*)(const float*, int8_t*, float*, int64_t, int64_t, int64_t, int32_t,
-                            rng::Keys, uint64_t);
-
-struct Kernels {
-  RowsFn nearest;
-  RowsFn stochastic;
-};
-
-#define QT_DEFINE_VARIANT(NAME, ATTR)                                                          \
-  ATTR uint32_t nearest_rows_##NAME(const float* x, int8_t* q, float* scale, int64_t r0,       \
-                                    int64_t r1, int64_t cols, int32_t qmax, rng::Keys keys,    \
-                                    uint64_t offset) {                                         \
-    return cpu::quantize_rows_body<false, false>(x, q, scale, r0, r1, cols, qmax, keys,       \
-                                                 offset, nullptr);                            \
-  }                                                                                            \
-  ATTR uint32_t stochastic_rows_##NAME(const float* x, int8_t* q, float* scale, int64_t r0,    \
-                                       int64_t r1, int64_t cols, int32_t qmax, rng::Keys keys, \
-                                       uint64_t offset) {                                      \
-    return cpu::quantize_rows_body<true, false>(x, q, scale, r0, r1, cols, qmax, keys, offset, \
-                                                nullptr);                                     \
-  }                                                                                            \
-  const Kernels kernels_##NAME = {nearest_rows_##NAME, stochastic_rows_##NAME};
-
 #define QT_NO_ATTR
-QT_DEFINE_VARIANT(default, QT_NO_ATTR)
+QT_DEFINE_ROWS_VARIANT(default, QT_NO_ATTR, false)
 #if QT_X86_DISPATCH
-QT_DEFINE_VARIANT(avx2, QT_TARGET_AVX2)
-QT_DEFINE_VARIANT(avx512, QT_TARGET_AVX512)
+QT_DEFINE_ROWS_VARIANT(avx2, QT_TARGET_AVX2, false)
+QT_DEFINE_ROWS_VARIANT(avx512, QT_TARGET_AVX512, false)
 #endif
-
-const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 // ---------------------------------------------------------------- op
 
@@ -87,25 +62,12 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_rows(const at::Tensor& x_i
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
   if (n == 0) return {q, at::zeros({rows, 1}, x.options())};  // no columns: range 0
   at::Tensor scale = at::empty({rows, 1}, x.options());
-
-  const float* xp = x.const_data_ptr<float>();
   int8_t* qp = q.mutable_data_ptr<int8_t>();
-  float* sp = scale.mutable_data_ptr<float>();
   advise_huge_pages(qp, static_cast<size_t>(n));
-  const int32_t qmax = (1 << (bits - 1)) - 1;
-  const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
-  const auto off = static_cast<uint64_t>(offset);
-  const RowsFn body = stochastic ? kernels().stochastic : kernels().nearest;
-
-  const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
-  std::vector<uint32_t> worst(static_cast<size_t>(nt), 0u);
-  for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
-    worst[static_cast<size_t>(t)] = body(xp, qp, sp, r0, r1, cols, qmax, keys, off);
-  });
-  const uint32_t m = *std::max_element(worst.begin(), worst.end());
-  TORCH_CHECK_VALUE(m < 0x7f800000u,
-                    "qtrain::quantize_symmetric_rows: x contains NaN or Inf; quantization needs "
-                    "finite values");
+  const cpu::RowKernels& K = QT_SELECT_VARIANT(row_kernels_);
+  cpu::run_rows("qtrain::quantize_symmetric_rows", stochastic ? K.stochastic : K.nearest,
+                x.const_data_ptr<float>(), qp, scale.mutable_data_ptr<float>(), rows, cols, bits,
+                seed, offset, false);
   return {q, scale};
 }
 

@@ -151,12 +151,9 @@ void launch(int op, const PackedArgs& a, cudaStream_t stream) {
   if ((op == kDot ? a.H : a.F) == 0) return launch_g<I, 1>(kAdd, a, stream);
   const int64_t per_lane = op == kDot && a.vec ? 8 : 1;
   const int64_t chunks = ((op == kDot ? a.D : a.F) + per_lane - 1) / per_lane;
-  if (chunks <= 1) return launch_g<I, 1>(op, a, stream);
-  if (chunks <= 2) return launch_g<I, 2>(op, a, stream);
-  if (chunks <= 4) return launch_g<I, 4>(op, a, stream);
-  if (chunks <= 8) return launch_g<I, 8>(op, a, stream);
-  if (chunks <= 16) return launch_g<I, 16>(op, a, stream);
-  return launch_g<I, 32>(op, a, stream);
+  sddmm::with_group_lanes(chunks, [&](auto lanes) {
+    launch_g<I, decltype(lanes)::value>(op, a, stream);
+  });
 }
 
 at::Tensor qsddmm4(c10::string_view op_name, const at::Tensor& packed_lhs, double scale_lhs,

@@ -169,13 +169,9 @@ void launch(int op, const SddmmArgs& a, cudaStream_t stream) {
   // writing nothing
   if ((op == kDot ? a.H : a.F) == 0) return launch_g<I, 1>(kAdd, a, stream);
   const int64_t width = op == kDot ? a.D : a.F;
-  const int64_t chunks = (width + 3) / 4;
-  if (chunks <= 1) return launch_g<I, 1>(op, a, stream);
-  if (chunks <= 2) return launch_g<I, 2>(op, a, stream);
-  if (chunks <= 4) return launch_g<I, 4>(op, a, stream);
-  if (chunks <= 8) return launch_g<I, 8>(op, a, stream);
-  if (chunks <= 16) return launch_g<I, 16>(op, a, stream);
-  return launch_g<I, 32>(op, a, stream);
+  sddmm::with_group_lanes((width + 3) / 4, [&](auto lanes) {
+    launch_g<I, decltype(lanes)::value>(op, a, stream);
+  });
 }
 
 at::Tensor qsddmm(c10::string_view op_name, const at::Tensor& q_lhs_in, double scale_lhs,

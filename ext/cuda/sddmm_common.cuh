@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/sparse_operands.h"
 #include "cuda/common.cuh"
@@ -85,6 +86,18 @@ inline unsigned blocks_for(const char* fn, int64_t groups, int G) {
   TORCH_CHECK_VALUE(blocks <= int64_t{0x7fffffff}, fn, ": too many edges (", groups,
                     " groups)");
   return static_cast<unsigned>(blocks);
+}
+
+// Calls launch(std::integral_constant<int, G>) with G lanes per group: the power of two up to
+// a warp that gives each lane one of `chunks` chunks of a group's work.
+template <typename Launch>
+void with_group_lanes(int64_t chunks, Launch&& launch) {
+  if (chunks <= 1) return launch(std::integral_constant<int, 1>{});
+  if (chunks <= 2) return launch(std::integral_constant<int, 2>{});
+  if (chunks <= 4) return launch(std::integral_constant<int, 4>{});
+  if (chunks <= 8) return launch(std::integral_constant<int, 8>{});
+  if (chunks <= 16) return launch(std::integral_constant<int, 16>{});
+  return launch(std::integral_constant<int, 32>{});
 }
 
 // Raises (op fn, operands named lhs / rhs) if a kernel set the flag.
