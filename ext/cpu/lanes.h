@@ -116,6 +116,7 @@ struct Lanes<isa::kAvx512> {
 // int8 rows (qspmm, qsddmm): value f at byte f.
 struct Int8Rows {
   using T = int8_t;
+  static constexpr bool kNibblePairs = false;  // see Int4Rows
   static constexpr int64_t bytes(int64_t values) { return values; }
   template <int ISA>
   static QT_ALWAYS_INLINE typename Lanes<ISA>::vi load(const T* p) {
@@ -128,6 +129,8 @@ struct Int8Rows {
 // for an even f, as 4-bit two's complement. Tiles start at even values (multiples of W).
 struct Int4Rows {
   using T = uint8_t;
+  // the SpMM reads whole rows W bytes at a time, even and odd values apart (spmm_body.h)
+  static constexpr bool kNibblePairs = true;
   static constexpr int64_t bytes(int64_t values) { return values / 2; }
   template <int ISA>
   static QT_ALWAYS_INLINE typename Lanes<ISA>::vi load(const T* p) {

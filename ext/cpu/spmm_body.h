@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -197,6 +198,126 @@ QT_ALWAYS_INLINE void weighted_tail(const I* ix, const I* ex, int64_t b, int64_t
   for (int64_t t = 0; t < nl; ++t) o[f0 + t] = acc[t] * scale;
 }
 
+// ---------------------------------------------------------------- packed rows, in pairs
+//
+// Tiles of packed rows (Row::kNibblePairs) read W bytes at a time as int8 lanes: each
+// byte's low nibble (shifted up and back, sign-extending) is an even value and its high
+// nibble (an arithmetic shift of the sign-extended byte) the odd one after it, so 2W values
+// take one widening load and three shifts instead of two in-order nibble loads. The even
+// and odd values of each W bytes sum in accumulators of their own, interleaved into value
+// order as the tile is stored: every output lane still sums the same values in the same
+// order, so the results are those of the in-order tiles bit for bit.
+
+// The 2W values of the W bytes at p: even[t] is value 2t, odd[t] value 2t + 1.
+template <int ISA>
+QT_ALWAYS_INLINE void load_nibble_pairs(const uint8_t* p, typename Lanes<ISA>::vi& even,
+                                        typename Lanes<ISA>::vi& odd) {
+  using vi = typename Lanes<ISA>::vi;
+  typedef uint32_t vu __attribute__((vector_size(sizeof(vi))));
+  const vi bytes = Lanes<ISA>::load(reinterpret_cast<const int8_t*>(p));
+  even = reinterpret_cast<vi>(reinterpret_cast<vu>(bytes) << 28) >> 28;
+  odd = bytes >> 4;
+}
+
+// Half H (0: lanes 0 .. W/2 - 1, 1: the rest) of a and b interleaved: a[h], b[h], a[h + 1], ...
+template <int W, int H, typename V, size_t... J>
+QT_ALWAYS_INLINE V zip_half(V a, V b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, ((J % 2) ? W + H * W / 2 + J / 2 : H * W / 2 + J / 2)...);
+}
+
+// Stores 2W values at o in value order: even[t] at o[2t], odd[t] at o[2t + 1].
+template <int ISA>
+QT_ALWAYS_INLINE void store_interleaved(float* o, typename Lanes<ISA>::vf even,
+                                        typename Lanes<ISA>::vf odd) {
+  constexpr int W = Lanes<ISA>::W;
+  const auto lo = zip_half<W, 0>(even, odd, std::make_index_sequence<W>{});
+  const auto hi = zip_half<W, 1>(even, odd, std::make_index_sequence<W>{});
+  std::memcpy(o, &lo, sizeof lo);
+  std::memcpy(o + W, &hi, sizeof hi);
+}
+
+// Values [f0, f0 + 2W NP) of one packed segment (f0 a multiple of 2W), copy form.
+template <int ISA, int NP, typename I>
+QT_ALWAYS_INLINE void copy_pairs_tile(const I* ix, int64_t b, int64_t e, int64_t nnz,
+                                      const uint8_t* q, int64_t stride, int64_t f0, float scale,
+                                      float* o) {
+  using L = Lanes<ISA>;
+  typename L::vi even[NP], odd[NP];
+  for (int u = 0; u < NP; ++u) even[u] = odd[u] = typename L::vi{};
+  for (int64_t k = b; k < e; ++k) {
+    prefetch_row(ix, k, nnz, q, stride, f0 / 2, int64_t{L::W} * NP);
+    const uint8_t* r = q + static_cast<int64_t>(ix[k]) * stride + f0 / 2;
+    for (int u = 0; u < NP; ++u) {
+      typename L::vi ev, od;
+      load_nibble_pairs<ISA>(r + L::W * u, ev, od);
+      even[u] += ev;
+      odd[u] += od;
+    }
+  }
+  for (int u = 0; u < NP; ++u) {
+    store_interleaved<ISA>(o + f0 + 2 * L::W * u,
+                           __builtin_convertvector(even[u], typename L::vf) * scale,
+                           __builtin_convertvector(odd[u], typename L::vf) * scale);
+  }
+}
+
+// Values [f0, f0 + 2W NP) of one packed segment, weighted form.
+template <int ISA, int NP, typename I>
+QT_ALWAYS_INLINE void weighted_pairs_tile(const I* ix, const I* ex, int64_t b, int64_t e,
+                                          int64_t nnz, const uint8_t* q, int64_t stride,
+                                          int64_t f0, const EntryWeight& ew, float scale,
+                                          float* o) {
+  using L = Lanes<ISA>;
+  using vf = typename L::vf;
+  vf even[NP], odd[NP];
+  for (int u = 0; u < NP; ++u) even[u] = odd[u] = vf{};
+  for (int64_t k = b; k < e; ++k) {
+    prefetch_row(ix, k, nnz, q, stride, f0 / 2, int64_t{L::W} * NP);
+    if (f0 == 0) ew.prefetch(ix, k, nnz);
+    const int64_t eid = ex != nullptr ? static_cast<int64_t>(ex[k]) : k;
+    const int64_t src = static_cast<int64_t>(ix[k]);
+    const float wk = ew.at(eid, src);
+    const uint8_t* r = q + src * stride + f0 / 2;
+    for (int u = 0; u < NP; ++u) {
+      typename L::vi ev, od;
+      load_nibble_pairs<ISA>(r + L::W * u, ev, od);
+      even[u] += __builtin_convertvector(ev, vf) * wk;  // fl32(w * q), then the add
+      odd[u] += __builtin_convertvector(od, vf) * wk;
+    }
+  }
+  for (int u = 0; u < NP; ++u) {
+    store_interleaved<ISA>(o + f0 + 2 * L::W * u, even[u] * scale, odd[u] * scale);
+  }
+}
+
+// copy_pairs_tile<np> / weighted_pairs_tile<np> for a run-time np in 1..NP.
+template <int ISA, int NP, typename I>
+QT_ALWAYS_INLINE void copy_pairs_tile_n(int np, const I* ix, int64_t b, int64_t e, int64_t nnz,
+                                        const uint8_t* q, int64_t stride, int64_t f0,
+                                        float scale, float* o) {
+  if constexpr (NP >= 1) {
+    if (np == NP) {
+      copy_pairs_tile<ISA, NP>(ix, b, e, nnz, q, stride, f0, scale, o);
+    } else {
+      copy_pairs_tile_n<ISA, NP - 1>(np, ix, b, e, nnz, q, stride, f0, scale, o);
+    }
+  }
+}
+
+template <int ISA, int NP, typename I>
+QT_ALWAYS_INLINE void weighted_pairs_tile_n(int np, const I* ix, const I* ex, int64_t b,
+                                            int64_t e, int64_t nnz, const uint8_t* q,
+                                            int64_t stride, int64_t f0, const EntryWeight& ew,
+                                            float scale, float* o) {
+  if constexpr (NP >= 1) {
+    if (np == NP) {
+      weighted_pairs_tile<ISA, NP>(ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
+    } else {
+      weighted_pairs_tile_n<ISA, NP - 1>(np, ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
+    }
+  }
+}
+
 // copy_tile<nv> for a run-time nv in 1..NV (the last partial group of W-lane chunks).
 template <int ISA, int NV, class Row, typename I>
 QT_ALWAYS_INLINE void copy_tile_n(int nv, const I* ix, int64_t b, int64_t e, int64_t nnz,
@@ -231,6 +352,17 @@ QT_ALWAYS_INLINE void copy_lanes(const I* ix, int64_t b, int64_t e, int64_t nnz,
                                  float* o) {
   constexpr int W = Lanes<ISA>::W;
   int64_t f0 = 0;
+  if constexpr (Row::kNibblePairs) {  // whole tiles of 2W values; what is left below
+    constexpr int NP = MAXNV / 2;
+    for (; f0 + 2 * W * NP <= n; f0 += 2 * W * NP) {
+      copy_pairs_tile<ISA, NP>(ix, b, e, nnz, q, stride, f0, scale, o);
+    }
+    const int np = static_cast<int>((n - f0) / (2 * W));
+    if (np > 0) {
+      copy_pairs_tile_n<ISA, NP - 1>(np, ix, b, e, nnz, q, stride, f0, scale, o);
+      f0 += 2 * W * np;
+    }
+  }
   for (; f0 + W * MAXNV <= n; f0 += W * MAXNV) {
     copy_tile<ISA, MAXNV, Row>(ix, b, e, nnz, q, stride, f0, scale, o);
   }
@@ -249,6 +381,17 @@ QT_ALWAYS_INLINE void weighted_lanes(const I* ix, const I* ex, int64_t b, int64_
                                      const EntryWeight& ew, float scale, float* o) {
   constexpr int W = Lanes<ISA>::W;
   int64_t f0 = 0;
+  if constexpr (Row::kNibblePairs) {  // whole tiles of 2W values; what is left below
+    constexpr int NP = MAXNV / 2;
+    for (; f0 + 2 * W * NP <= n; f0 += 2 * W * NP) {
+      weighted_pairs_tile<ISA, NP>(ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
+    }
+    const int np = static_cast<int>((n - f0) / (2 * W));
+    if (np > 0) {
+      weighted_pairs_tile_n<ISA, NP - 1>(np, ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
+      f0 += 2 * W * np;
+    }
+  }
   for (; f0 + W * MAXNV <= n; f0 += W * MAXNV) {
     weighted_tile<ISA, MAXNV, Row>(ix, ex, b, e, nnz, q, stride, f0, ew, scale, o);
   }
