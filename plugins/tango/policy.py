@@ -359,12 +359,14 @@ class QuantPolicy:
     ) -> Quantized:
         args = (bits, self.rounding, seed, offset, self.backend)
         if packed:
+            if by in (ROWS, ROTATED_ROWS) and bits <= PACKED_ROW_BITS:
+                value = Quantized(*quantize_per_row_packed(x, *args))
+            else:
+                q, scale = self._quantize(x, by, bits, seed, offset)
+                value = Quantized(pack_int4(q, self.backend), scale)
             with self._lock:
                 self.operands_packed += 1
-            if by in (ROWS, ROTATED_ROWS) and bits <= PACKED_ROW_BITS:
-                return Quantized(*quantize_per_row_packed(x, *args))
-            q, scale = self._quantize(x, by, bits, seed, offset)
-            return Quantized(pack_int4(q, self.backend), scale)
+            return value
         if by == TENSOR:
             return quantize(x, *args)
         if by == COLUMNS:
