@@ -97,7 +97,7 @@ _CONSTANT_MIX = 0xBF58476D1CE4E5B9  # odd: seeds of step constants apart from th
 ROWS, COLUMNS, TENSOR = "rows", "columns", "tensor"  # what a primitive asks for (``by``)
 ROTATED_ROWS, ROTATED_COLUMNS = "rotated rows", "rotated columns"  # with ``rotation``
 NODE_BLOCKS = "node blocks"  # with scales = "block": a scale per block of rows of a column
-PACKABLE_BITS = 4  # at this bit count or fewer a quantized value fits a nibble
+PACKABLE_BITS = PACKED_ROW_BITS  # at this bit count or fewer a quantized value fits a nibble
 # unsigned levels for a nonnegative tensor up to this bit count: its values 0..2^bits - 1
 # still fit the signed nibble that packed operands keep (0..7 at 3 bits)
 UNSIGNED_MAX_BITS = 3
@@ -359,7 +359,7 @@ class QuantPolicy:
     ) -> Quantized:
         args = (bits, self.rounding, seed, offset, self.backend)
         if packed:
-            if by in (ROWS, ROTATED_ROWS) and bits <= PACKED_ROW_BITS:
+            if by in (ROWS, ROTATED_ROWS):  # bits <= PACKABLE_BITS: the caller checked packs
                 value = Quantized(*quantize_per_row_packed(x, *args))
             else:
                 q, scale = self._quantize(x, by, bits, seed, offset)
