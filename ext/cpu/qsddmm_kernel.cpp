@@ -21,17 +21,14 @@
 // shows, is found in the edge loop (the edge's row is zeroed and the op raises
 // after the loop).
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/string_view.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <optional>
-#include <vector>
 
 #include "common/sparse_operands.h"
 #include "cpu/isa.h"
