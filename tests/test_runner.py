@@ -9,12 +9,16 @@ from __future__ import annotations
 import io
 import json
 import math
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from qtrain import signals
 from qtrain.errors import RecipeError
 from qtrain.recipe import Recipe, build_recipe, load_recipe
 from qtrain.runner import execute
@@ -175,6 +179,46 @@ def test_failure_mid_run_is_recorded_and_reraised(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "boom" in summary["error"]
     assert summary["epochs"] == 2 and len(read_metrics(run_dir)) == 2
+
+
+@pytest.fixture
+def stop_handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No stop requested, and the signal handlers a stop changes put back afterwards."""
+    monkeypatch.setattr(signals, "_requested", [])
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])
+
+
+def test_an_error_a_stop_signal_caused_ends_the_run_interrupted(
+    tmp_path: Path, stop_handlers: None
+) -> None:
+    """A distributed worker's stop signal lands in a finalizer (only remembered there) while
+    it waits in a collective; the peer, stopped by the same signal, closes its connection
+    and the collective raises. The run was interrupted, not failed (CI saw "failed")."""
+
+    class StoppedPeer(Recorder):
+        def epoch(self, record: dict[str, Any]) -> None:
+            self.epochs.append(record)
+            if record["epoch"] == 2:
+
+                class Finalized:
+                    def __del__(self) -> None:
+                        signals._stop(signal.SIGTERM, sys._getframe())
+
+                Finalized()
+                raise RuntimeError("Connection closed by peer [127.0.0.1]:18622")
+
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM") as info:
+        execute(recipe(tmp_path), reporter=StoppedPeer())
+    assert isinstance(info.value.__cause__, RuntimeError)  # what the stop caused, chained
+    run_dir = Path(info.value.run_dir)  # type: ignore[attr-defined]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and "error" not in summary
+    assert summary["epochs"] == 2 and (run_dir / "checkpoint.pt").exists()
 
 
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])

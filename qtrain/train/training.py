@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from qtrain import route
+from qtrain import route, signals
 from qtrain.errors import RunDiverged, RunFailed
 from qtrain.models.base import GNNModel
 from qtrain.ops import dispatch
@@ -167,6 +167,16 @@ def train_prepared(
         _attach_run_dir(exc, run.path)
         raise
     except BaseException as exc:
+        # a stop signal that came first is the run's ending and exc what it caused: a peer
+        # stopped by the same signal closes its connection while this worker waits in a
+        # collective, whose own interrupt was only remembered (it landed in a finalizer)
+        # or is still pending (the call runs its handler)
+        try:
+            signals.raise_if_stopped()
+        except KeyboardInterrupt as stop:
+            summary["status"] = "interrupted"
+            _attach_run_dir(stop, run.path)
+            raise stop from exc
         summary["status"] = "failed"
         summary["error"] = f"{type(exc).__name__}: {exc}"
         _attach_run_dir(exc, run.path)
