@@ -10,7 +10,10 @@ op against the packed one on the same values:
 - SpMM: ``qspmm`` over int8 rows / ``qspmm_packed`` (``qspmm4``) over packed ones, with
   the row scales, unweighted (GCN-like) and per-edge-and-head weighted (GAT);
 - SDDMM dot (GAT's attention gradient): ``qsddmm`` over int8 rows / ``qsddmm_packed``
-  (``qsddmm4``) over packed ones, with row scales on both sides.
+  (``qsddmm4``) over packed ones, with row scales on both sides;
+- block GEMM (GCN's weight gradient X^T dY over X ``[N, 256]`` and dY ``[N, 256]``, one
+  scale per block of 64 nodes of each column): ``int8_block_gemm`` over int8 X / over X
+  unpacked from its packed form first (what tango did) / over packed X as stored.
 
 The candidates of a row run round robin (``bench/_timing.py``: one call of each per
 round, the order rotated, every call timed by ``torch.utils.benchmark.Timer``) after one
@@ -36,11 +39,13 @@ from _timing import interleaved
 
 from qtrain.data import load_dataset
 from qtrain.ops import backends
-from qtrain.ops.packed import pack_int4
-from qtrain.ops.quantize import quantize_per_row, quantize_per_row_packed
+from qtrain.ops.gemm import int8_block_gemm
+from qtrain.ops.packed import pack_int4, unpack_int4
+from qtrain.ops.quantize import quantize_per_column, quantize_per_row, quantize_per_row_packed
 from qtrain.ops.sparse import qsddmm, qsddmm_packed, qspmm, qspmm_packed
 
 HEADS, WIDTH = 4, 64  # GAT's hidden layers: 4 heads of 64 values
+HIDDEN, NODE_BLOCK = 256, 64  # GCN's hidden layers; tango's scale_block
 BITS = 4
 
 
@@ -61,6 +66,12 @@ def measure(device: str, dataset: str, repeat: int) -> list[dict[str, Any]]:
     q8, s = quantize_per_row(x, BITS, backend=backend)
     g8, gs = quantize_per_row(grad, BITS, backend=backend)
     q4, g4 = pack_int4(q8, backend=backend), pack_int4(g8, backend=backend)
+    cols = torch.randn(n, HIDDEN, generator=gen) * torch.rand(n, 1, generator=gen)
+    xc8, xcs = quantize_per_column(cols.to(dev), BITS, block=NODE_BLOCK, backend=backend)
+    xc4 = pack_int4(xc8, backend=backend)
+    gc8, gcs = quantize_per_column(
+        torch.randn(n, HIDDEN, generator=gen).to(dev), BITS, block=NODE_BLOCK, backend=backend
+    )
     print(
         f"dataset {dataset}: {n} nodes, {e} edges; rows [N, {HEADS}, {WIDTH}] at {BITS} bits, "
         f"a scale per node and head; device {device}, threads {torch.get_num_threads()}, "
@@ -117,6 +128,17 @@ def measure(device: str, dataset: str, repeat: int) -> list[dict[str, Any]]:
             "packed": lambda: qsddmm_packed("dot", q4, s, src, g4, gs, dst, WIDTH, backend),
         },
         "int8",
+    )
+    row(
+        "block GEMM dW (GCN)",
+        {
+            "int8": lambda: int8_block_gemm(xc8, gc8, xcs, gcs, NODE_BLOCK, backend),
+            "unpack+int8": lambda: int8_block_gemm(
+                unpack_int4(xc4, HIDDEN, backend), gc8, xcs, gcs, NODE_BLOCK, backend
+            ),
+            "packed": lambda: int8_block_gemm(xc4, gc8, xcs, gcs, NODE_BLOCK, backend),
+        },
+        "unpack+int8",
     )
     return rows
 

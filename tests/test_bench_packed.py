@@ -22,11 +22,19 @@ def test_a_small_run_records_every_row(packed: Any, tmp_path: Path) -> None:
     assert packed.main([*argv, "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     ops = [r["op"] for r in result["rows"]]
-    assert ops == ["quantize rows", "SpMM copy_u", "SpMM u_mul_e (GAT)", "SDDMM dot (GAT dW)"]
-    quantize = result["rows"][0]
+    assert ops == [
+        "quantize rows",
+        "SpMM copy_u",
+        "SpMM u_mul_e (GAT)",
+        "SDDMM dot (GAT dW)",
+        "block GEMM dW (GCN)",
+    ]
+    quantize, *sparse, gemm = result["rows"]
     assert set(quantize) >= {"int8_ms", "int8+pack_ms", "packed_ms", "int8+pack_over_packed"}
-    for r in result["rows"][1:]:
+    for r in sparse:
         assert r["int8_over_packed"] > 0 and r["packed_iqr_ms"] >= 0
+    assert gemm["baseline"] == "unpack+int8" and gemm["unpack+int8_over_int8"] > 0
+    assert gemm["unpack+int8_over_packed"] > 0
 
 
 def test_bad_arguments_are_one_line(packed: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,7 +43,8 @@ void int8_gemm_int32_out(const at::Tensor& qa, const at::Tensor& qb, c10::string
 // int8_block_gemm's CPU kernel (cpu/int8_block_gemm_kernel.cpp, front ops/int8_block_gemm.cpp)
 // written into `out`, a contiguous float32 [M, N] CPU tensor: "tn" with one scale per block
 // of `block` rows of every column of qa [K, M] and qb [K, N] (scale_a [ceil(K / block), M],
-// scale_b [.., N], float32), as the front has checked them; gemm_tn_blocks in
+// scale_b [.., N], float32; either operand int8, or uint8 [K, ceil(width / 2)] holding 4-bit
+// values packed two a byte), as the front has checked them; gemm_tn_blocks in
 // cpu/int8_gemm_kernel.cpp, with int8_gemm's packing and tiles.
 void int8_block_gemm_out(const at::Tensor& qa, const at::Tensor& qb, const at::Tensor& scale_a,
                          const at::Tensor& scale_b, int64_t block, const at::Tensor& out);

@@ -2,7 +2,8 @@
 // reference_block_gemm): allocates the output and runs cpu::int8_block_gemm_out
 // (cpu/int8_gemm_kernel.cpp gemm_tn_blocks: int8_gemm's split-K packing and tiles with an
 // int32 store per block of k, each block's term added in float32 into its group's partial,
-// the groups in order; bit-identical to the reference for any thread count and ISA).
+// the groups in order; bit-identical to the reference for any thread count and ISA; a packed
+// operand's rows unpacked a block at a time as they are packed for the tiles).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -14,7 +15,8 @@ namespace {
 
 at::Tensor int8_block_gemm(const at::Tensor& qa, const at::Tensor& qb, const at::Tensor& scale_a,
                            const at::Tensor& scale_b, int64_t block) {
-  at::Tensor out = at::empty({qa.size(1), qb.size(1)}, qa.options().dtype(at::kFloat));
+  // the widths are the scales': an operand may be stored packed (uint8)
+  at::Tensor out = at::empty({scale_a.size(1), scale_b.size(1)}, qa.options().dtype(at::kFloat));
   cpu::int8_block_gemm_out(qa, qb, scale_a, scale_b, block, out);
   return out;
 }

@@ -63,6 +63,7 @@
 
 #include "common/block_gemm.h"
 #include "cpu/gemm.h"
+#include "cpu/int4.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
 
@@ -469,6 +470,9 @@ TileFn pick(int rows, int nv) {
 struct Problem {
   const int8_t* a;
   const int8_t* b;
+  // a "tn" operand stored packed: 4-bit values two a byte, row k at ceil(width / 2) * k
+  // bytes (int8_block_gemm; its K-slices are unpacked in cache before they are packed)
+  bool a_packed, b_packed;
   int64_t M, N, K;
   char layout;  // 'n' = "nn", 't' = "nt", 'T' = "tn"
   float scale;
@@ -535,6 +539,7 @@ int team_size(int64_t work_items, double macs) {
 // Per-thread buffers of the drivers.
 struct Scratch {
   std::vector<int8_t> a8, b8;     // packed A / B (VNNI bytes)
+  std::vector<int8_t> a_rows, b_rows;  // a packed operand's K-slice unpacked to int8 rows
   std::vector<int16_t> a16, b16;  // packed A / B (int16 pairs)
   std::vector<int64_t> c64, cs;   // int64 accumulators, column sums
 };
@@ -710,9 +715,12 @@ void gemm_rows(const Problem& p) {
 // packed bytes for the VNNI correction, or null for the int16 families; it sets the tile's
 // store and correction), then the tiles run over the rows, `at_rows(ta, m0, n0)` pointing
 // them at their output. `sc` holds packing room for kc rows (reserve_packing).
-// Room in sc for A's and B's packed panels of a K-slice of up to k rows.
+// Room in sc for A's and B's packed panels of a K-slice of up to k rows (and for the slice
+// of an operand stored packed, unpacked).
 template <class F>
-void reserve_packing(Scratch& sc, int64_t k, int64_t Mr, int64_t Np) {
+void reserve_packing(const Problem& p, Scratch& sc, int64_t k, int64_t Mr, int64_t Np) {
+  if (p.a_packed) sc.a_rows.resize(static_cast<size_t>(k * p.M));
+  if (p.b_packed) sc.b_rows.resize(static_cast<size_t>(k * p.N));
   if constexpr (F::kBytes) {
     sc.a8.resize(static_cast<size_t>(k * Mr));
     sc.b8.resize(static_cast<size_t>(k * Np));
@@ -722,14 +730,25 @@ void reserve_packing(Scratch& sc, int64_t k, int64_t Mr, int64_t Np) {
   }
 }
 
+// Rows [k0, k0 + kc) of a packed "tn" operand of `width` columns as int8 rows of stride
+// `width` in `rows` (a K-slice at a time, so they are still in cache when packed).
+const int8_t* unpacked_slice(const int8_t* packed, int64_t width, int64_t k0, int64_t kc,
+                             std::vector<int8_t>& rows) {
+  const int64_t bytes = (width + 1) / 2;
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(packed) + k0 * bytes;
+  for (int64_t k = 0; k < kc; ++k) int4::unpack_row(src + k * bytes, width, rows.data() + k * width);
+  return rows.data();
+}
+
 template <class F, bool ACC64, class OnPanel, class AtRows>
 void tiles_of_k_slice(const Problem& p, int64_t k0, int64_t kc, int64_t Mr, int64_t panels,
                       Scratch& sc, const OnPanel& on_panel, const AtRows& at_rows) {
   int64_t a_sm, a_sk, b_sk, b_sn;
   strides(p, a_sm, a_sk, b_sk, b_sn);
   const int64_t kcp = round_up(kc, 4);
-  const int8_t* asrc = p.a + k0 * a_sk;
-  const int8_t* bsrc = p.b + k0 * b_sk;
+  // a packed operand is "tn" (a_sk = M, b_sk = N): its slice unpacked has the same strides
+  const int8_t* asrc = p.a_packed ? unpacked_slice(p.a, p.M, k0, kc, sc.a_rows) : p.a + k0 * a_sk;
+  const int8_t* bsrc = p.b_packed ? unpacked_slice(p.b, p.N, k0, kc, sc.b_rows) : p.b + k0 * b_sk;
   if constexpr (F::kBytes) {
     pack_bytes(asrc, a_sk, a_sm, kc, 0, p.M, Mr, sc.a8.data());
   } else {
@@ -782,7 +801,7 @@ void gemm_split_k(const Problem& p, int64_t Mr, int64_t Np) {
   for (Scratch& sc : scratch) {
     sc.c64.assign(static_cast<size_t>(Mr * Np), 0);
     sc.cs.assign(static_cast<size_t>(Np), 0);
-    reserve_packing<F>(sc, kSplitChunk, Mr, Np);
+    reserve_packing<F>(p, sc, kSplitChunk, Mr, Np);
   }
   run_team(nt, [&](int t, int T) {
     Scratch& sc = scratch[static_cast<size_t>(t)];
@@ -888,7 +907,7 @@ void gemm_tn_blocks(const Problem& p, int64_t block, const float* sa, const floa
     sc.c32.assign(static_cast<size_t>(Mr * Np), 0);
     sc.corr.assign(static_cast<size_t>(Np), 0);
     sc.packed.cs.assign(static_cast<size_t>(F::kNR), 0);
-    reserve_packing<F>(sc.packed, bp4, Mr, Np);
+    reserve_packing<F>(p, sc.packed, bp4, Mr, Np);
   }
   run_team(nt, [&](int t, int T) {
     BlockScratch& sc = scratch[static_cast<size_t>(t)];
@@ -1040,7 +1059,15 @@ void int8_block_gemm_out(const at::Tensor& qa_in, const at::Tensor& qb_in,
   const at::Tensor qb = qb_in.contiguous();
   const at::Tensor sa = scale_a_in.contiguous();
   const at::Tensor sb = scale_b_in.contiguous();
-  Problem p = problem_of(qa, qb, "tn");
+  Problem p{};  // the widths are the scales' (an operand may be packed, uint8)
+  p.layout = 'T';
+  p.K = qa.size(0);
+  p.M = sa.size(1);
+  p.N = sb.size(1);
+  p.a = static_cast<const int8_t*>(qa.const_data_ptr());
+  p.b = static_cast<const int8_t*>(qb.const_data_ptr());
+  p.a_packed = qa.scalar_type() == at::kByte;
+  p.b_packed = qb.scalar_type() == at::kByte;
   TORCH_INTERNAL_ASSERT(out.scalar_type() == at::kFloat && out.is_contiguous() &&
                         out.dim() == 2 && out.size(0) == p.M && out.size(1) == p.N);
   if (p.M == 0 || p.N == 0) return;

@@ -9,7 +9,8 @@
 // contraction), into its group's sum, the groups' sums added in order
 // (common/block_gemm.h), as the reference and the CPU kernel do: bit for bit the
 // reference's for any launch. Plain int32 multiply-adds: the
-// tensor-core path of int8_gemm (cuda/gemm.cuh) has no per-k-block epilogue yet.
+// tensor-core path of int8_gemm (cuda/gemm.cuh) has no per-k-block epilogue yet. An operand
+// stored packed (uint8, two 4-bit values a byte) is read a nibble at a time as it is staged.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -26,8 +27,22 @@ constexpr int kStage = 16;   // k staged in shared memory at a time
 constexpr int kPer = 4;      // outputs per thread along each dimension
 constexpr int kThreads = (kTile / kPer) * (kTile / kPer);  // 256
 
+// Value (k, col) of a "tn" operand of `width` columns: int8, or packed (value col of row k
+// in byte k * ceil(width / 2) + col / 2, the low nibble for an even col).
+template <bool PACKED>
+__device__ __forceinline__ int32_t operand_at(const void* __restrict__ q, int64_t k,
+                                              int64_t col, int64_t width) {
+  if constexpr (PACKED) {
+    const uint32_t byte = __ldg(static_cast<const uint8_t*>(q) + k * ((width + 1) / 2) + col / 2);
+    return static_cast<int32_t>(byte << (28 - 4 * (col & 1))) >> 28;
+  } else {
+    return __ldg(static_cast<const int8_t*>(q) + k * width + col);
+  }
+}
+
+template <bool A_PACKED, bool B_PACKED>
 __global__ void __launch_bounds__(kThreads)
-    block_gemm_kernel(const int8_t* __restrict__ a, const int8_t* __restrict__ b,
+    block_gemm_kernel(const void* __restrict__ a, const void* __restrict__ b,
                       const float* __restrict__ sa, const float* __restrict__ sb, int64_t K,
                       int64_t M, int64_t N, int64_t block, int64_t groups,
                       float* __restrict__ c) {
@@ -52,8 +67,8 @@ __global__ void __launch_bounds__(kThreads)
         const int kk = i / kTile, col = i % kTile;
         const int64_t k = ks + kk;
         const bool in_k = k < k1;
-        as[kk][col] = in_k && m0 + col < M ? static_cast<int32_t>(a[k * M + m0 + col]) : 0;
-        bs[kk][col] = in_k && n0 + col < N ? static_cast<int32_t>(b[k * N + n0 + col]) : 0;
+        as[kk][col] = in_k && m0 + col < M ? operand_at<A_PACKED>(a, k, m0 + col, M) : 0;
+        bs[kk][col] = in_k && n0 + col < N ? operand_at<B_PACKED>(b, k, n0 + col, N) : 0;
       }
       __syncthreads();
 #pragma unroll
@@ -106,7 +121,8 @@ at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
                            const at::Tensor& scale_a_in, const at::Tensor& scale_b_in,
                            int64_t block) {
   const c10::cuda::CUDAGuard guard(qa_in.device());
-  const int64_t K = qa_in.size(0), M = qa_in.size(1), N = qb_in.size(1);
+  // the widths are the scales' (an operand may be stored packed)
+  const int64_t K = qa_in.size(0), M = scale_a_in.size(1), N = scale_b_in.size(1);
   const at::TensorOptions opts = qa_in.options().dtype(at::kFloat);
   if (M == 0 || N == 0 || K == 0) return at::zeros({M, N}, opts);
   const int64_t tiles_m = (M + kTile - 1) / kTile, tiles_n = (N + kTile - 1) / kTile;
@@ -119,8 +135,11 @@ at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
   const at::Tensor sb = scale_b_in.contiguous();
   at::Tensor out = at::empty({M, N}, opts);
   const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m));
-  block_gemm_kernel<<<grid, kThreads, 0, current_stream()>>>(
-      qa.const_data_ptr<int8_t>(), qb.const_data_ptr<int8_t>(), sa.const_data_ptr<float>(),
+  const bool a_packed = qa.scalar_type() == at::kByte, b_packed = qb.scalar_type() == at::kByte;
+  auto kernel = a_packed ? (b_packed ? block_gemm_kernel<true, true> : block_gemm_kernel<true, false>)
+                         : (b_packed ? block_gemm_kernel<false, true> : block_gemm_kernel<false, false>);
+  kernel<<<grid, kThreads, 0, current_stream()>>>(
+      qa.const_data_ptr(), qb.const_data_ptr(), sa.const_data_ptr<float>(),
       sb.const_data_ptr<float>(), K, M, N, block,
       block_gemm_groups((K + block - 1) / block, M, N), out.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -10,8 +10,9 @@ pick the compiled kernel and count the call.
 
 At 4 bits or fewer (the policy's ``packed``) an SpMM gathers packed rows (``qspmm4``:
 half the bytes of int8) and keeps them for its backward, whose attention-weight SDDMM
-reads them packed too (``qsddmm4``), and a GEMM keeps X's columns packed, unpacking them
-in backward; the values are those of int8 storage, bit for bit.
+reads them packed too (``qsddmm4``), and a GEMM keeps X's columns packed for its weight
+gradient, which the block GEMM (``int8_block_gemm``, the default scales) reads packed and
+the other forms unpack first; the values are those of int8 storage, bit for bit.
 
 Gradients of float32 inputs are float32; master weights stay float32 (the
 optimizer never sees a quantized value).
@@ -310,7 +311,9 @@ class RowQuantLinear(torch.autograd.Function):
         if ctx.needs_input_grad[2]:  # sums over the nodes
             nodes = policy.node_side()
             if ctx.keeps_quantized:
-                qxc, sxc = policy.unpacked((saved[0], saved[1]), ctx.x_width)
+                qxc, sxc = saved[0], saved[1]
+                if nodes != NODE_BLOCKS:  # the block GEMM reads packed columns as they are
+                    qxc, sxc = policy.unpacked((qxc, sxc), ctx.x_width)
                 policy.note_reuse()
             else:
                 qxc, sxc = policy.fresh(saved[0], False, nodes)

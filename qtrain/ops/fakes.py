@@ -53,7 +53,8 @@ def quantize_symmetric_cols(
 
 
 def int8_block_gemm(qa: Tensor, qb: Tensor, scale_a: Tensor, scale_b: Tensor, block: int) -> Tensor:
-    return _empty((qa.shape[1], qb.shape[1]), torch.float32, qa)
+    # the widths are the scales' (an operand may be stored packed)
+    return _empty((scale_a.shape[1], scale_b.shape[1]), torch.float32, qa)
 
 
 def hadamard_rotate(x: Tensor, block: int) -> Tensor:

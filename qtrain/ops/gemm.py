@@ -41,6 +41,7 @@ import torch
 
 from qtrain.ops import dispatch
 from qtrain.quant import quantize as qref
+from qtrain.quant.packed import unpack_int4
 from qtrain.quant.quantize import quantize_with_absmax
 from qtrain.quant.rng import op_seed
 
@@ -297,6 +298,36 @@ def int8_gemm(
 # ------------------------------------------------------------------ int8_block_gemm
 
 
+def _block_operand(
+    name: str, q: object, scale_name: str, scale: object
+) -> tuple[torch.Tensor, int]:
+    """(operand, its columns): int8 ``[K, width]``, or uint8 ``[K, ceil(width / 2)]`` holding
+    4-bit values packed two a byte, whose width its scales' columns give."""
+    q = _dense(name, q)
+    if q.dtype not in (torch.int8, torch.uint8):
+        raise TypeError(
+            f"{name} must be int8, or uint8 holding 4-bit values packed two a byte, got "
+            f"{_dtype_name(q.dtype)}"
+        )
+    if q.dim() != 2:
+        raise ValueError(f"{name} must be 2-d, got shape {list(q.shape)}")
+    if q.dtype == torch.int8:
+        return q, q.shape[1]
+    scale = _dense(scale_name, scale)
+    if scale.dim() != 2:
+        raise ValueError(
+            f"{scale_name} must be 2-d (one scale per block of rows of each column), got "
+            f"shape {list(scale.shape)}"
+        )
+    width = scale.shape[1]
+    if q.shape[1] != (width + 1) // 2:
+        raise ValueError(
+            f"{name} is packed (uint8, two 4-bit values a byte), so its {scale_name}'s {width} "
+            f"columns need {(width + 1) // 2} bytes a row, got {q.shape[1]}"
+        )
+    return q, width
+
+
 def _check_block_gemm(
     qa: object, qb: object, scale_a: object, scale_b: object, block: object
 ) -> tuple[int, int, int, int]:
@@ -305,10 +336,10 @@ def _check_block_gemm(
         raise ValueError(f"block must be an integer in 1..{MAX_BLOCK}, got {block!r}")
     if not 1 <= int(block) <= MAX_BLOCK:
         raise ValueError(f"block must be an integer in 1..{MAX_BLOCK}, got {block}")
-    qa = _check_operand("qa", qa, torch.int8)
-    qb = _check_operand("qb", qb, torch.int8)
+    qa, m = _block_operand("qa", qa, "scale_a", scale_a)
+    qb, n = _block_operand("qb", qb, "scale_b", scale_b)
     _check_same_device("qb", qb, "qa", qa)
-    m, k, n = _layout_dims(qa, qb, "tn")
+    _, k, _ = _layout_dims(qa, qb, "tn")
     blocks = -(-k // int(block))
     for name, scale, cols in (("scale_a", scale_a, m), ("scale_b", scale_b, n)):
         t = _dense(name, scale)
@@ -334,8 +365,12 @@ def reference_block_gemm(
     each block of ``block`` rows (float64 products are exact here), each block's term
     ``fl32(float(acc_b[m, n]) * fl32(scale_a[b, m] * scale_b[b, n]))`` added in float32 into
     its group's sum (:func:`block_gemm_groups`, from 0, in block order), and the groups'
-    sums added in group order."""
+    sums added in group order. A packed operand is its values unpacked."""
     m, k, n, block = _check_block_gemm(qa, qb, scale_a, scale_b, block)
+    if qa.dtype == torch.uint8:
+        qa = unpack_int4(qa, m)
+    if qb.dtype == torch.uint8:
+        qb = unpack_int4(qb, n)
     blocks = -(-k // block)
     groups = block_gemm_groups(blocks, m, n)
     out = torch.zeros((m, n), dtype=torch.float32, device=qa.device)
@@ -373,7 +408,9 @@ def int8_block_gemm(
     gradient X^T dY is, summed over every node: one scale per column over 169,343 nodes
     leaves most of a 2-bit column at 0. Each block sums exactly in int32 and is scaled in
     float32; the blocks add in float32 in the reference's order (:func:`block_gemm_groups`)
-    on every device, ISA and thread count: bit for bit."""
+    on every device, ISA and thread count: bit for bit. Either operand may be stored packed
+    (uint8 ``[K, ceil(width / 2)]``, ``pack_int4``'s layout, its width its scales'): the
+    kernels read the nibbles, no int8 copy is made."""
     chosen = dispatch.resolve("block_gemm", _tensor("qa", qa), backend, kernels=BLOCK_GEMM_KERNELS)
     with dispatch.call("block_gemm", chosen):
         if chosen == "reference":

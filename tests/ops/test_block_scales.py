@@ -1,6 +1,7 @@
 """Scales per block of rows of a column (issue 32): torch.ops.qtrain.quantize_symmetric_cols
 with ``block`` against its reference (qtrain.quant.granular.quantize_col_blocks) bit for bit,
-and torch.ops.qtrain.int8_block_gemm against reference_block_gemm, on every device."""
+and torch.ops.qtrain.int8_block_gemm against reference_block_gemm (int8 or packed 4-bit
+operands), on every device."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from qtrain.ops.gemm import int8_block_gemm, int8_gemm, reference_block_gemm
 from qtrain.ops.quantize import quantize_per_column
 from qtrain.quant import quantize_symmetric
 from qtrain.quant.granular import dequantize_tiles, quantize_col_blocks
+from qtrain.quant.packed import pack_int4
 from qtrain.quant.rng import op_seed
 
 ROUNDINGS = ("nearest", "stochastic")
@@ -179,6 +181,54 @@ def test_block_gemm_edge_values(device: str) -> None:
     assert_same(zeros, torch.zeros(3, 4))
 
 
+def _packed_with_junk(q: torch.Tensor, seed: int) -> torch.Tensor:
+    """``q`` (int8 4-bit values) packed two a byte, with random bits in the unused high
+    nibble of an odd width's last byte: the kernels must not read it."""
+    packed = pack_int4(q)
+    if q.shape[1] % 2:
+        junk = torch.randint(0, 16, (q.shape[0],), dtype=torch.uint8, generator=gen(seed))
+        packed[:, -1] |= junk << 4
+    return packed
+
+
+PACKED_SHAPES = [  # (K, M, N, block): odd widths, one column, widths past a 64-column tile
+    (1000, 37, 65, 64),
+    (3, 1, 1, 64),
+    (130, 130, 7, 1),
+    (200, 6, 64, 33),
+    (129, 17, 3, 128),
+    (5000, 71, 130, 64),
+    (0, 4, 5, 8),
+    (10, 0, 5, 4),
+    (10, 5, 0, 4),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", PACKED_SHAPES)
+def test_packed_operands_are_read_as_their_values(device: str, shape: tuple[int, ...]) -> None:
+    """Either operand, or both, stored packed (uint8, two 4-bit values a byte; issue 32: a
+    GEMM reads the packed X columns tango saves): bit for bit the product of the unpacked
+    int8 operands and the reference's, every ISA and thread count, junk in a padding nibble
+    ignored."""
+    k, m, n, block = shape
+    _, _, sa, sb = _operands(k, m, n, block, sum(shape))
+    g = gen(sum(shape) + 1)
+    qa = torch.randint(-8, 8, (k, m), dtype=torch.int8, generator=g)
+    qb = torch.randint(-8, 8, (k, n), dtype=torch.int8, generator=g)
+    if k > 2:
+        qa[1], qb[2] = -8, 7  # the extremes of a nibble
+    want = reference_block_gemm(qa, qb, sa, sb, block)
+    pa, pb = _packed_with_junk(qa, 1), _packed_with_junk(qb, 2)
+    ops = library(device)
+    sa, sb = sa.to(device), sb.to(device)
+    for a, b, what in ((pa, qb, "qa packed"), (qa, pb, "qb packed"), (pa, pb, "both packed")):
+        assert_same(reference_block_gemm(a, b, sa.cpu(), sb.cpu(), block), want, what)
+        for variant in variants(device):
+            got = ops.int8_block_gemm(a.to(device), b.to(device), sa, sb, block)
+            assert_same(got, want, f"{what}, {variant}")
+
+
 def test_one_block_is_int8_gemm_with_column_scales() -> None:
     qa, qb, sa, sb = _operands(500, 20, 30, 500, 8)
     got = int8_block_gemm(qa, qb, sa, sb, 500, backend="ext-cpu")
@@ -210,6 +260,9 @@ def test_opcheck(device: str) -> None:
     for k, m, n, block in ((200, 6, 7, 64), (0, 3, 2, 4), (5, 1, 1, 1)):
         qa, qb, sa, sb = (t.to(device) for t in _operands(k, m, n, block, 3))
         opcheck(ops.int8_block_gemm.default, (qa, qb, sa, sb, block))
+        four_a, four_b = (pack_int4(q.cpu() >> 4).to(device) for q in (qa, qb))  # odd widths
+        opcheck(ops.int8_block_gemm.default, (four_a, qb, sa, sb, block))
+        opcheck(ops.int8_block_gemm.default, (qa, four_b, sa, sb, block))
 
 
 def test_front_dispatches_to_the_kernel() -> None:
@@ -241,7 +294,10 @@ def test_reference_refuses_what_the_op_refuses() -> None:
         ({"scale_a": sa[:1]}, ValueError, r"scale_a must have shape \(2, 3\)"),
         ({"scale_b": sb.double()}, TypeError, "scale_b must be float32"),
         ({"qb": qb[:50]}, ValueError, "inner dimensions differ"),
-        ({"qa": qa.float()}, TypeError, "qa must be int8"),
+        ({"qa": qa.float()}, TypeError, "qa must be int8, or uint8 holding 4-bit values"),
+        ({"qa": pack_int4(qa >> 4)[:, :1]}, ValueError, r"scale_a's 3 columns need 2 bytes"),
+        ({"qb": pack_int4(qb >> 4), "scale_b": sb[0]}, ValueError, "scale_b must be 2-d"),
+        ({"qb": pack_int4(qb >> 4)[:50]}, ValueError, "inner dimensions differ"),
     ):
         args = {"qa": qa, "qb": qb, "scale_a": sa, "scale_b": sb, "block": 64, **bad}
         with pytest.raises(error, match=match):
@@ -300,6 +356,24 @@ def test_errors(device: str) -> None:
                 "scale dtype", f"{gemm}(qa, qb, sa.double(), sb, 64)", "TypeError", "float32"
             ),
             ErrorCase("operand dtype", f"{gemm}(qa.float(), qb, sa, sb, 64)", "TypeError", "int8"),
+            ErrorCase(
+                "packed bytes",
+                f"{gemm}(torch.zeros(100, 1, dtype=torch.uint8, device=dev), qb, sa, sb, 64)",
+                "ValueError",
+                r"qa is packed .*scale_a's 3 columns need 2 bytes a row, got 1",
+            ),
+            ErrorCase(
+                "packed, 1-d scales",
+                f"{gemm}(qa, torch.zeros(100, 2, dtype=torch.uint8, device=dev), sa, sb[0], 64)",
+                "ValueError",
+                "scale_b must be 2-d",
+            ),
+            ErrorCase(
+                "packed 1-d",
+                f"{gemm}(torch.zeros(100, dtype=torch.uint8, device=dev), qb, sa, sb, 64)",
+                "ValueError",
+                "qa must be 2-d",
+            ),
             ErrorCase(
                 "inner", f"{gemm}(qa[:50], qb, sa, sb, 64)", "ValueError", "inner dimensions"
             ),

@@ -46,14 +46,16 @@ def _blocks_tn(a: torch.Tensor, b: torch.Tensor, bits: int, block: int) -> torch
     return out
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("cache", [True, False])
 @pytest.mark.parametrize("linear", [True, False])
 def test_block_scaled_weight_gradient_is_the_block_quantized_product(
-    linear: bool, cache: bool
+    linear: bool, cache: bool, packed: bool
 ) -> None:
     """Forward and dX as with one scale per row; dW from blocks of 16 nodes of each column
     of X and dY (round to nearest: no stream to replay), one thread (the blocks add in
-    order)."""
+    order). Packed (4 bits), the X columns kept for dW are stored two values a byte and
+    the block GEMM reads them so: the same bits, no unpacked copy."""
     torch.manual_seed(0)
     bits, block = 4, 16
     x = torch.randn(70, 13, requires_grad=True)  # 70 nodes: 4 full blocks and one of 6
@@ -65,6 +67,7 @@ def test_block_scaled_weight_gradient_is_the_block_quantized_product(
         scales="block",
         scale_block=block,
         cache=QuantCache() if cache else None,
+        packed=packed,
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -81,6 +84,8 @@ def test_block_scaled_weight_gradient_is_the_block_quantized_product(
     assert torch.equal(dw, dw_want if linear else dw_want.t())
     snapshot = dispatch.snapshot()
     assert sum(snapshot["block_gemm"].values()) == 1 and sum(snapshot["gemm"].values()) == 2
+    assert "unpack_int4" not in snapshot, snapshot
+    assert policy.operands_packed == (1 if packed and cache else 0)
 
 
 def test_blocks_keep_a_power_law_weight_gradient_at_two_bits() -> None:
