@@ -11,6 +11,9 @@ op against the packed one on the same values:
   the row scales, unweighted (GCN-like) and per-edge-and-head weighted (GAT);
 - SDDMM dot (GAT's attention gradient): ``qsddmm`` over int8 rows / ``qsddmm_packed``
   (``qsddmm4``) over packed ones, with row scales on both sides;
+- quantize columns by blocks of 64 nodes (GCN's X ``[N, 256]``, kept for the weight
+  gradient): ``quantize_per_column`` (int8) / int8 then ``pack_int4`` (what tango did) /
+  ``quantize_per_column_packed`` (one pass, what it does);
 - block GEMM (GCN's weight gradient X^T dY over X ``[N, 256]`` and dY ``[N, 256]``, one
   scale per block of 64 nodes of each column): ``int8_block_gemm`` over int8 X / over X
   unpacked from its packed form first (what tango did) / over packed X as stored.
@@ -41,7 +44,12 @@ from qtrain.data import load_dataset
 from qtrain.ops import backends
 from qtrain.ops.gemm import int8_block_gemm
 from qtrain.ops.packed import pack_int4, unpack_int4
-from qtrain.ops.quantize import quantize_per_column, quantize_per_row, quantize_per_row_packed
+from qtrain.ops.quantize import (
+    quantize_per_column,
+    quantize_per_column_packed,
+    quantize_per_row,
+    quantize_per_row_packed,
+)
 from qtrain.ops.sparse import qsddmm, qsddmm_packed, qspmm, qspmm_packed
 
 HEADS, WIDTH = 4, 64  # GAT's hidden layers: 4 heads of 64 values
@@ -66,8 +74,8 @@ def measure(device: str, dataset: str, repeat: int) -> list[dict[str, Any]]:
     q8, s = quantize_per_row(x, BITS, backend=backend)
     g8, gs = quantize_per_row(grad, BITS, backend=backend)
     q4, g4 = pack_int4(q8, backend=backend), pack_int4(g8, backend=backend)
-    cols = torch.randn(n, HIDDEN, generator=gen) * torch.rand(n, 1, generator=gen)
-    xc8, xcs = quantize_per_column(cols.to(dev), BITS, block=NODE_BLOCK, backend=backend)
+    cols = (torch.randn(n, HIDDEN, generator=gen) * torch.rand(n, 1, generator=gen)).to(dev)
+    xc8, xcs = quantize_per_column(cols, BITS, block=NODE_BLOCK, backend=backend)
     xc4 = pack_int4(xc8, backend=backend)
     gc8, gcs = quantize_per_column(
         torch.randn(n, HIDDEN, generator=gen).to(dev), BITS, block=NODE_BLOCK, backend=backend
@@ -128,6 +136,19 @@ def measure(device: str, dataset: str, repeat: int) -> list[dict[str, Any]]:
             "packed": lambda: qsddmm_packed("dot", q4, s, src, g4, gs, dst, WIDTH, backend),
         },
         "int8",
+    )
+    row(
+        "quantize cols (blocks)",
+        {
+            "int8": lambda: quantize_per_column(cols, BITS, block=NODE_BLOCK, backend=backend),
+            "int8+pack": lambda: pack_int4(
+                quantize_per_column(cols, BITS, block=NODE_BLOCK, backend=backend)[0]
+            ),
+            "packed": lambda: quantize_per_column_packed(
+                cols, BITS, block=NODE_BLOCK, backend=backend
+            ),
+        },
+        "int8+pack",
     )
     row(
         "block GEMM dW (GCN)",

@@ -27,10 +27,12 @@ def test_a_small_run_records_every_row(packed: Any, tmp_path: Path) -> None:
         "SpMM copy_u",
         "SpMM u_mul_e (GAT)",
         "SDDMM dot (GAT dW)",
+        "quantize cols (blocks)",
         "block GEMM dW (GCN)",
     ]
-    quantize, *sparse, gemm = result["rows"]
-    assert set(quantize) >= {"int8_ms", "int8+pack_ms", "packed_ms", "int8+pack_over_packed"}
+    rows, *sparse, cols, gemm = result["rows"]
+    for quantize in (rows, cols):
+        assert set(quantize) >= {"int8_ms", "int8+pack_ms", "packed_ms", "int8+pack_over_packed"}
     for r in sparse:
         assert r["int8_over_packed"] > 0 and r["packed_iqr_ms"] >= 0
     assert gemm["baseline"] == "unpack+int8" and gemm["unpack+int8_over_int8"] > 0

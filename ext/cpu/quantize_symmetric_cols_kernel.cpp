@@ -1,5 +1,7 @@
-// quantize_symmetric_cols on the CPU (front: ops/quantize_symmetric_cols.cpp; reference
-// qtrain/quant/granular.py quantize_cols_symmetric).
+// quantize_symmetric_cols and quantize_symmetric_cols4 on the CPU (fronts:
+// ops/quantize_symmetric_cols.cpp, ops/quantize_symmetric_cols4.cpp; references
+// qtrain/quant/granular.py quantize_cols_symmetric, qtrain/ops/quantize.py
+// reference_quantize_cols4).
 //
 // Column j of x [rows, cols] is quantize_symmetric's rule (cpu/quantize_symmetric_kernel.cpp)
 // applied to that column alone, with the counters offset + i * cols + j; q stays in x's
@@ -26,7 +28,9 @@
 // Every element depends only on its value, its column's absmax and its counter, so the
 // result is the same for any thread count and ISA variant. The loop bodies are
 // cpu/quantize_bodies.h's *_cols ones; one call per chunk of rows runs them inside the ISA
-// variant, so the inner loops vectorize there.
+// variant, so the inner loops vectorize there. quantize_symmetric_cols4 (PACKED) runs the
+// same bodies kPackRows rows at a time into a per-thread buffer and packs those rows two
+// values a byte while they are in cache (cpu/int4.h): the int8 values are never written out.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -40,6 +44,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "cpu/int4.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
 #include "cpu/quantize_bodies.h"
@@ -57,7 +62,8 @@ QT_ALWAYS_INLINE void absmax_body(const float* __restrict x, uint32_t* __restric
   for (int64_t r = r0; r < r1; ++r) cpu::absmax_bits_cols_body(x + r * cols, m, cols);
 }
 
-// Pass 2: rows [r0, r1) of x [.., cols] into q with each column's pre / inv.
+// Pass 2: rows [r0, r1) of x [.., cols] into q (row r at q + (r - r0) * cols) with each
+// column's pre / inv.
 template <bool STOCH>
 QT_ALWAYS_INLINE void quantize_body(const float* __restrict x, int8_t* __restrict q,
                                     const float* __restrict pre, const float* __restrict inv,
@@ -65,7 +71,7 @@ QT_ALWAYS_INLINE void quantize_body(const float* __restrict x, int8_t* __restric
                                     rng::Keys keys, uint64_t offset) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * cols;
-    int8_t* qr = q + r * cols;
+    int8_t* qr = q + (r - r0) * cols;
     if constexpr (!STOCH) {
       cpu::nearest_cols_body(xr, qr, cols, pre, inv, qmax);
     } else {
@@ -126,6 +132,49 @@ const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 // ---------------------------------------------------------------- op
 
+constexpr int64_t kPackRows = 16;  // rows quantized into the buffer before they are packed
+
+template <bool PACKED>
+constexpr const char* op_name() {
+  return PACKED ? "qtrain::quantize_symmetric_cols4" : "qtrain::quantize_symmetric_cols";
+}
+
+// Rows [r0, r1) of x quantized by `body`: into q (int8 [rows, cols]), or PACKED into out
+// (uint8 [rows, ceil(cols / 2)]) through `buf` (kPackRows * cols int8, the thread's own).
+template <bool PACKED>
+void quantize_rows(QuantizeFn body, const float* x, void* out, int8_t* buf, const float* pre,
+                   const float* inv, int64_t r0, int64_t r1, int64_t cols, int32_t qmax,
+                   rng::Keys keys, uint64_t offset) {
+  if constexpr (!PACKED) {
+    (void)buf;
+    body(x, static_cast<int8_t*>(out) + r0 * cols, pre, inv, r0, r1, cols, qmax, keys, offset);
+  } else {
+    const int64_t bytes = (cols + 1) / 2;
+    for (int64_t r = r0; r < r1; r += kPackRows) {
+      const int64_t end = std::min(r1, r + kPackRows);
+      body(x, buf, pre, inv, r, end, cols, qmax, keys, offset);
+      for (int64_t i = r; i < end; ++i) {  // |q| <= qmax <= 7: every value fits a nibble
+        int4::pack_row(buf + (i - r) * cols, cols, static_cast<uint8_t*>(out) + i * bytes);
+      }
+    }
+  }
+}
+
+// The output of x [rows, cols]: int8 in x's shape, or PACKED uint8 [rows, ceil(cols / 2)].
+template <bool PACKED>
+at::Tensor quantized_output(const at::Tensor& x) {
+  if constexpr (PACKED) {
+    return at::empty({x.size(0), (x.size(1) + 1) / 2}, x.options().dtype(at::kByte));
+  }
+  return at::empty(x.sizes(), x.options().dtype(at::kChar));
+}
+
+// The per-thread buffers of the PACKED rows (none otherwise).
+template <bool PACKED>
+std::vector<int8_t> pack_buffers(int nt, int64_t cols) {
+  return std::vector<int8_t>(PACKED ? static_cast<size_t>(nt * kPackRows * cols) : 0);
+}
+
 // Per-column pre / inv / scale of one absmax vector (bit patterns): quantize_symmetric's rule,
 // inv = 0 for a column of zeros.
 void column_params(const uint32_t* m, int64_t cols, int32_t qmax, float* scale, float* pre,
@@ -149,6 +198,7 @@ void column_params(const uint32_t* m, int64_t cols, int32_t qmax, float* scale, 
 // block > 0: the blocks of rows split across threads, each block reduced and quantized in
 // turn while its rows are in cache (every element still depends only on its value, its
 // block's absmax and its counter: any thread count, any ISA, the same result).
+template <bool PACKED>
 std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int64_t bits,
                                                        bool stochastic, int64_t seed,
                                                        int64_t offset, int64_t block) {
@@ -156,11 +206,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   const int64_t cols = x.size(1);
   const int64_t n = rows * cols;
   const int64_t blocks = (rows + block - 1) / block;
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor q = quantized_output<PACKED>(x);
   at::Tensor scale = at::zeros({blocks, cols}, x.options());
   if (n == 0) return {q, scale};
   const float* xp = x.const_data_ptr<float>();
-  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  void* qp = q.mutable_data_ptr();
   float* sp = scale.mutable_data_ptr<float>();
   const Kernels& k = kernels();
   const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), blocks));
@@ -173,8 +223,10 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   std::vector<uint32_t> absmax(static_cast<size_t>(nt) * ucols);
   std::vector<float> pre(static_cast<size_t>(nt) * ucols), inv(static_cast<size_t>(nt) * ucols);
   std::vector<char> bad(static_cast<size_t>(nt), 0);
-  advise_huge_pages(qp, static_cast<size_t>(n));
+  std::vector<int8_t> buffers = pack_buffers<PACKED>(nt, cols);
+  advise_huge_pages(qp, static_cast<size_t>(q.nbytes()));
   for_team_ranges(nt, blocks, [&](int t, int64_t b0, int64_t b1) {
+    int8_t* buf = PACKED ? buffers.data() + static_cast<size_t>(t * kPackRows) * ucols : nullptr;
     uint32_t* m = absmax.data() + static_cast<size_t>(t) * ucols;
     float* pr = pre.data() + static_cast<size_t>(t) * ucols;
     float* iv = inv.data() + static_cast<size_t>(t) * ucols;
@@ -187,29 +239,29 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
         return;
       }
       column_params(m, cols, qmax, sp + b * cols, pr, iv);
-      body(xp, qp, pr, iv, r0, r1, cols, qmax, keys, off);
+      quantize_rows<PACKED>(body, xp, qp, buf, pr, iv, r0, r1, cols, qmax, keys, off);
     }
   });
-  TORCH_CHECK_VALUE(std::find(bad.begin(), bad.end(), 1) == bad.end(),
-                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
-                    "finite values");
+  TORCH_CHECK_VALUE(std::find(bad.begin(), bad.end(), 1) == bad.end(), op_name<PACKED>(),
+                    ": x contains NaN or Inf; quantization needs finite values");
   return {q, scale};
 }
 
+template <bool PACKED>
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_in, int64_t bits,
                                                            bool stochastic, int64_t seed,
                                                            int64_t offset, int64_t block) {
   const at::Tensor x = x_in.contiguous();
-  if (block > 0) return quantize_col_blocks(x, bits, stochastic, seed, offset, block);
+  if (block > 0) return quantize_col_blocks<PACKED>(x, bits, stochastic, seed, offset, block);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const int64_t n = rows * cols;
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor q = quantized_output<PACKED>(x);
   if (n == 0) return {q, at::zeros({1, cols}, x.options())};  // no rows: range 0
   at::Tensor scale = at::empty({1, cols}, x.options());
 
   const float* xp = x.const_data_ptr<float>();
-  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  void* qp = q.mutable_data_ptr();
   float* sp = scale.mutable_data_ptr<float>();
   const Kernels& k = kernels();
   const int nt = static_cast<int>(std::min<int64_t>(plan_threads(n, ranges::kGrain), rows));
@@ -227,9 +279,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
     for (size_t j = 0; j < ucols; ++j) m[j] = p[j] > m[j] ? p[j] : m[j];
   }
   const uint32_t worst = *std::max_element(m, m + cols);
-  TORCH_CHECK_VALUE(worst < 0x7f800000u,
-                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
-                    "finite values");
+  TORCH_CHECK_VALUE(worst < 0x7f800000u, op_name<PACKED>(),
+                    ": x contains NaN or Inf; quantization needs finite values");
 
   // per-column pre / inv / scale: quantize_symmetric's rule (inv = 0 for a column of zeros)
   const int32_t qmax = (1 << (bits - 1)) - 1;
@@ -237,14 +288,16 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   column_params(m, cols, qmax, sp, pre.data(), inv.data());
 
   // pass 2: quantize in x's layout
-  advise_huge_pages(qp, static_cast<size_t>(n));
+  advise_huge_pages(qp, static_cast<size_t>(q.nbytes()));
+  std::vector<int8_t> buffers = pack_buffers<PACKED>(nt, cols);
   const rng::Keys keys = rng::keys_from_seed(static_cast<uint64_t>(seed));
   const auto off = static_cast<uint64_t>(offset);
   const QuantizeFn body = stochastic ? k.stochastic : k.nearest;
   const float* prep = pre.data();
   const float* invp = inv.data();
-  for_team_ranges(nt, rows, [&](int, int64_t r0, int64_t r1) {
-    body(xp, qp, prep, invp, r0, r1, cols, qmax, keys, off);
+  for_team_ranges(nt, rows, [&](int t, int64_t r0, int64_t r1) {
+    int8_t* buf = PACKED ? buffers.data() + static_cast<size_t>(t * kPackRows) * ucols : nullptr;
+    quantize_rows<PACKED>(body, xp, qp, buf, prep, invp, r0, r1, cols, qmax, keys, off);
   });
   return {q, scale};
 }
@@ -253,5 +306,6 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
 }  // namespace qtrain
 
 TORCH_LIBRARY_IMPL(qtrain, CPU, m) {
-  m.impl("quantize_symmetric_cols", &qtrain::quantize_symmetric_cols);
+  m.impl("quantize_symmetric_cols", &qtrain::quantize_symmetric_cols<false>);
+  m.impl("quantize_symmetric_cols4", &qtrain::quantize_symmetric_cols<true>);
 }

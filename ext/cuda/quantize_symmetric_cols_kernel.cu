@@ -1,6 +1,7 @@
-// quantize_symmetric_cols on CUDA (front: ops/quantize_symmetric_cols.cpp; reference
-// qtrain/quant/granular.py quantize_cols_symmetric, CPU twin
-// cpu/quantize_symmetric_cols_kernel.cpp).
+// quantize_symmetric_cols and quantize_symmetric_cols4 on CUDA (fronts:
+// ops/quantize_symmetric_cols.cpp, ops/quantize_symmetric_cols4.cpp; references
+// qtrain/quant/granular.py quantize_cols_symmetric, qtrain/ops/quantize.py
+// reference_quantize_cols4; CPU twin cpu/quantize_symmetric_cols_kernel.cpp).
 //
 // Three launches on x [rows, cols] in its own layout, blocks of 32 columns x 8 rows (a
 // warp reads 32 consecutive values of a row):
@@ -17,7 +18,9 @@
 // parameters and quantizing the same rows.
 // Each element is a pure function of (x, its column's absmax, its flat index), so the
 // result is bit-identical to the reference for any launch shape. The host reads the flag
-// once after the launches and refuses x (ValueError) as the CPU op does.
+// once after the launches and refuses x (ValueError) as the CPU op does. PACKED
+// (quantize_symmetric_cols4): the same kernels store two values a byte, each even column's
+// lane writing the byte with its odd neighbour's value (a warp shuffle).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -80,31 +83,57 @@ __global__ void cols_params_kernel(const uint32_t* __restrict__ colmax, int64_t 
   }
 }
 
+// Stores quantize_one of x[r, j] (counter offset + r * cols + j) into q: int8 in x's layout,
+// or PACKED two values a byte (uint8 [rows, ceil(cols / 2)], the high nibble of an odd
+// width's last byte 0), the even column's lane writing its odd neighbour's value too. Every
+// lane of the warp calls it for the same r (the shuffle), `valid` (j < cols) or not.
+template <bool STOCH, bool PACKED>
+__device__ __forceinline__ void store_quantized(const float* __restrict__ x, void* __restrict__ q,
+                                                int64_t r, int64_t j, int64_t cols, bool valid,
+                                                const QuantParams& p, const rng::Keys& keys,
+                                                uint64_t offset) {
+  const int64_t i = r * cols + j;
+  int32_t v = 0;
+  if (valid) {
+    const float u = STOCH ? uniform_at(keys, offset + static_cast<uint64_t>(i)) : 0.0f;
+    v = quantize_one<STOCH>(__ldg(x + i), p, u);
+  }
+  if constexpr (PACKED) {
+    const int32_t odd = __shfl_down_sync(0xffffffffu, v, 1);  // column j + 1's (0 past cols)
+    if (valid && (j & 1) == 0) {
+      static_cast<uint8_t*>(q)[r * ((cols + 1) / 2) + j / 2] =
+          static_cast<uint8_t>((v & 0xF) | ((odd & 0xF) << 4));
+    }
+  } else if (valid) {
+    static_cast<int8_t*>(q)[i] = static_cast<int8_t>(v);
+  }
+}
+
 // Pass 3: q[r, j] = quantize_one(x[r, j]) with column j's pre / inv.
-template <bool STOCH>
+template <bool STOCH, bool PACKED>
 __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
-    cols_quantize_kernel(const float* __restrict__ x, int8_t* __restrict__ q, int64_t rows,
+    cols_quantize_kernel(const float* __restrict__ x, void* __restrict__ q, int64_t rows,
                          int64_t cols, const float* __restrict__ params, int qmax,
                          rng::Keys keys, uint64_t offset) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kColsPerBlock + threadIdx.x;
-  if (j >= cols) return;
+  const bool valid = j < cols;  // the others still join each row's shuffle
   QuantParams p;
-  p.pre = __ldg(params + j);
-  p.inv = __ldg(params + cols + j);
+  p.pre = valid ? __ldg(params + j) : 1.0f;
+  p.inv = valid ? __ldg(params + cols + j) : 0.0f;
   p.qmax = static_cast<float>(qmax);
   const int64_t step = static_cast<int64_t>(gridDim.y) * kRowsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowsPerBlock + threadIdx.y; r < rows;
        r += step) {
-    quantize_at<STOCH>(x, q, r * cols + j, p, keys, offset);
+    store_quantized<STOCH, PACKED>(x, q, r, j, cols, valid, p, keys, offset);
   }
 }
 
 // block > 0: CUDA block (x, y) quantizes columns [32 x, 32 x + 32) of the row blocks
 // y, y + gridDim.y, ...: absmax of each column over the block's rows, its pre / inv / scale
 // (scale[b, j]), then quantize_one of the same rows. NaN / Inf -> *bad.
-template <bool STOCH>
+template <bool STOCH, bool PACKED>
 __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
-    col_blocks_kernel(const float* __restrict__ x, int8_t* __restrict__ q, int64_t rows,
+    col_blocks_kernel(const float* __restrict__ x, void* __restrict__ q, int64_t rows,
                       int64_t cols, int64_t block, int qmax, float* __restrict__ scale,
                       uint32_t* __restrict__ bad, rng::Keys keys, uint64_t offset) {
   __shared__ uint32_t part[kRowsPerBlock][kColsPerBlock];
@@ -139,31 +168,44 @@ __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
       inv[threadIdx.x] = p.inv;
     }
     __syncthreads();
-    if (j < cols) {
-      QuantParams p;
-      p.pre = pre[threadIdx.x];
-      p.inv = inv[threadIdx.x];
-      p.qmax = static_cast<float>(qmax);
-      for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) {
-        quantize_at<STOCH>(x, q, r * cols + j, p, keys, offset);
-      }
+    QuantParams p;
+    p.pre = pre[threadIdx.x];
+    p.inv = inv[threadIdx.x];
+    p.qmax = static_cast<float>(qmax);
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowsPerBlock) {  // every lane: the shuffle
+      store_quantized<STOCH, PACKED>(x, q, r, j, cols, j < cols, p, keys, offset);
     }
     __syncthreads();  // part / pre / inv are reused by the next row block
   }
 }
 
+template <bool PACKED>
+constexpr const char* op_name() {
+  return PACKED ? "qtrain::quantize_symmetric_cols4" : "qtrain::quantize_symmetric_cols";
+}
+
+// The output of x [rows, cols]: int8 in x's shape, or PACKED uint8 [rows, ceil(cols / 2)].
+template <bool PACKED>
+at::Tensor quantized_output(const at::Tensor& x) {
+  if constexpr (PACKED) {
+    return at::empty({x.size(0), (x.size(1) + 1) / 2}, x.options().dtype(at::kByte));
+  }
+  return at::empty(x.sizes(), x.options().dtype(at::kChar));
+}
+
+template <bool PACKED>
 std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int64_t bits,
                                                        bool stochastic, int64_t seed,
                                                        int64_t offset, int64_t block) {
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const int64_t blocks = (rows + block - 1) / block;
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor q = quantized_output<PACKED>(x);
   at::Tensor scale = at::zeros({blocks, cols}, x.options());
   if (rows * cols == 0) return {q, scale};
   const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
-  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, "qtrain::quantize_symmetric_cols: cols = ",
-                    cols, " is too large for the CUDA kernel");
+  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, op_name<PACKED>(), ": cols = ", cols,
+                    " is too large for the CUDA kernel");
   at::Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
   uint32_t* badp = reinterpret_cast<uint32_t*>(flag.mutable_data_ptr<int32_t>());
   const int qmax = (1 << (bits - 1)) - 1;
@@ -174,31 +216,31 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   const dim3 grid(static_cast<unsigned>(col_blocks),
                   static_cast<unsigned>(std::min(blocks, kMaxGridY)));
   const float* xp = x.const_data_ptr<float>();
-  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  void* qp = q.mutable_data_ptr();
   float* sp = scale.mutable_data_ptr<float>();
   if (stochastic) {
-    col_blocks_kernel<true><<<grid, threads, 0, stream>>>(xp, qp, rows, cols, block, qmax, sp,
-                                                           badp, keys, off);
+    col_blocks_kernel<true, PACKED><<<grid, threads, 0, stream>>>(xp, qp, rows, cols, block,
+                                                                   qmax, sp, badp, keys, off);
   } else {
-    col_blocks_kernel<false><<<grid, threads, 0, stream>>>(xp, qp, rows, cols, block, qmax, sp,
-                                                            badp, keys, off);
+    col_blocks_kernel<false, PACKED><<<grid, threads, 0, stream>>>(xp, qp, rows, cols, block,
+                                                                    qmax, sp, badp, keys, off);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  TORCH_CHECK_VALUE(read_back(badp, stream) == 0u,
-                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
-                    "finite values");
+  TORCH_CHECK_VALUE(read_back(badp, stream) == 0u, op_name<PACKED>(),
+                    ": x contains NaN or Inf; quantization needs finite values");
   return {q, scale};
 }
 
+template <bool PACKED>
 std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_in, int64_t bits,
                                                            bool stochastic, int64_t seed,
                                                            int64_t offset, int64_t block) {
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
-  if (block > 0) return quantize_col_blocks(x, bits, stochastic, seed, offset, block);
+  if (block > 0) return quantize_col_blocks<PACKED>(x, bits, stochastic, seed, offset, block);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
-  at::Tensor q = at::empty(x.sizes(), x.options().dtype(at::kChar));
+  at::Tensor q = quantized_output<PACKED>(x);
   if (rows * cols == 0) return {q, at::zeros({1, cols}, x.options())};  // no rows: range 0
 
   at::Tensor scale = at::empty({1, cols}, x.options());
@@ -208,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   uint32_t* badp = colmax + cols;
   at::Tensor params = at::empty({2, cols}, x.options());
   const float* xp = x.const_data_ptr<float>();
-  int8_t* qp = q.mutable_data_ptr<int8_t>();
+  void* qp = q.mutable_data_ptr();
   float* sp = scale.mutable_data_ptr<float>();
   float* pp = params.mutable_data_ptr<float>();
   const int qmax = (1 << (bits - 1)) - 1;
@@ -217,8 +259,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   cudaStream_t stream = current_stream();
 
   const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
-  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, "qtrain::quantize_symmetric_cols: cols = ",
-                    cols, " is too large for the CUDA kernel");
+  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, op_name<PACKED>(), ": cols = ", cols,
+                    " is too large for the CUDA kernel");
   const dim3 threads(kColsPerBlock, kRowsPerBlock);
   // enough blocks to fill every SM several times over; grid-stride over the rest
   const int64_t want = static_cast<int64_t>(sm_count()) * 16;
@@ -234,17 +276,16 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   const dim3 grid_q(static_cast<unsigned>(col_blocks),
                     static_cast<unsigned>(std::min({row_groups, per_col, kMaxGridY})));
   if (stochastic) {
-    cols_quantize_kernel<true>
+    cols_quantize_kernel<true, PACKED>
         <<<grid_q, threads, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
   } else {
-    cols_quantize_kernel<false>
+    cols_quantize_kernel<false, PACKED>
         <<<grid_q, threads, 0, stream>>>(xp, qp, rows, cols, pp, qmax, keys, off);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const uint32_t flag = read_back(badp, stream);
-  TORCH_CHECK_VALUE(flag == 0u,
-                    "qtrain::quantize_symmetric_cols: x contains NaN or Inf; quantization needs "
-                    "finite values");
+  TORCH_CHECK_VALUE(flag == 0u, op_name<PACKED>(),
+                    ": x contains NaN or Inf; quantization needs finite values");
   return {q, scale};
 }
 
@@ -253,5 +294,6 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
 }  // namespace qtrain
 
 TORCH_LIBRARY_IMPL(qtrain, CUDA, m) {
-  m.impl("quantize_symmetric_cols", &qtrain::cuda::quantize_symmetric_cols);
+  m.impl("quantize_symmetric_cols", &qtrain::cuda::quantize_symmetric_cols<false>);
+  m.impl("quantize_symmetric_cols4", &qtrain::cuda::quantize_symmetric_cols<true>);
 }

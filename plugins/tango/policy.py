@@ -41,9 +41,11 @@ Packed operands (``packed``): at 4 bits or fewer a quantized value fits a nibble
 operand asked for ``packed`` is stored two values a byte (uint8 ``[..., ceil(D / 2)]``,
 ``qtrain.ops.packed``): what the cache keeps, what a product saves for its backward and the
 rows an SpMM gathers (``qspmm4``) and an SDDMM reads (``qsddmm4``) take half the bytes of
-int8. Rows are quantized straight into nibbles (``quantize_per_row_packed``: no int8 copy).
-A product that reads int8 (the GEMMs) unpacks; a tensor asked for both forms is quantized
-once, the second form made from the first (packing or unpacking, no second draw).
+int8. Rows and columns (one scale per column or per block of nodes) are quantized straight
+into nibbles (``quantize_per_row_packed``, ``quantize_per_column_packed``: no int8 copy);
+the block GEMM of a weight gradient reads packed columns as stored, the other GEMMs (which
+read int8) unpack; a tensor asked for both forms is quantized once, the second form made
+from the first (packing or unpacking, no second draw).
 
 Unsigned levels (``unsigned``): symmetric levels ``-(2^(b-1) - 1) .. 2^(b-1) - 1`` spend
 half their codes on signs that a ReLU's output never has: at 2 bits such a tensor keeps
@@ -88,6 +90,7 @@ from qtrain.ops.quantize import (
     PACKED_ROW_BITS,
     quantize,
     quantize_per_column,
+    quantize_per_column_packed,
     quantize_per_row,
     quantize_per_row_packed,
 )
@@ -358,9 +361,12 @@ class QuantPolicy:
         self, x: torch.Tensor, by: str, bits: int, seed: int, offset: int, packed: bool = False
     ) -> Quantized:
         args = (bits, self.rounding, seed, offset, self.backend)
-        if packed:
-            if by in (ROWS, ROTATED_ROWS):  # bits <= PACKABLE_BITS: the caller checked packs
+        if packed:  # bits <= PACKABLE_BITS: the caller checked packs
+            if by in (ROWS, ROTATED_ROWS):
                 value = Quantized(*quantize_per_row_packed(x, *args))
+            elif by in (COLUMNS, NODE_BLOCKS):
+                block = self.scale_block if by == NODE_BLOCKS else 0
+                value = Quantized(*quantize_per_column_packed(x, *args, block=block))
             else:
                 q, scale = self._quantize(x, by, bits, seed, offset)
                 value = Quantized(pack_int4(q, self.backend), scale)

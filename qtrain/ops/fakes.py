@@ -52,6 +52,14 @@ def quantize_symmetric_cols(
     return _empty(x.shape, torch.int8, x), _empty((rows, x.shape[1]), torch.float32, x)
 
 
+def quantize_symmetric_cols4(
+    x: Tensor, bits: int, stochastic: bool = False, seed: int = 0, offset: int = 0, block: int = 0
+) -> tuple[Tensor, Tensor]:
+    rows = 1 if block == 0 else (x.shape[0] + block - 1) // block
+    packed = _empty((x.shape[0], (x.shape[1] + 1) // 2), torch.uint8, x)
+    return packed, _empty((rows, x.shape[1]), torch.float32, x)
+
+
 def int8_block_gemm(qa: Tensor, qb: Tensor, scale_a: Tensor, scale_b: Tensor, block: int) -> Tensor:
     # the widths are the scales' (an operand may be stored packed)
     return _empty((scale_a.shape[1], scale_b.shape[1]), torch.float32, qa)
@@ -297,6 +305,7 @@ FAKES: dict[str, Callable[..., Any]] = {
         quantize_symmetric_rows,
         quantize_symmetric_rows4,
         quantize_symmetric_cols,
+        quantize_symmetric_cols4,
         hadamard_rotate,
         fill_counter_uniform,
         qspmm,

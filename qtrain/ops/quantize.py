@@ -140,8 +140,7 @@ def quantize_per_column(
     ``[ceil(rows / block), cols]`` (``granular.quantize_col_blocks``): the operands of
     ``qtrain.ops.gemm.int8_block_gemm``."""
     xf = ref.as_float32(x)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
-        raise ValueError(f"block must be >= 0 (0: one scale per column), got {block!r}")
+    block = _check_block(block)
     chosen = dispatch.resolve("quantize_cols", xf, backend, kernels=COL_QUANTIZE_KERNELS)
     with dispatch.call("quantize_cols", chosen):
         if chosen == "reference":
@@ -151,6 +150,60 @@ def quantize_per_column(
         return torch.ops.qtrain.quantize_symmetric_cols(
             xf, bits, ref.stochastic(rounding), op_seed(seed), offset, block
         )
+
+
+def reference_quantize_cols4(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+    block: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pure-PyTorch definition of the op ``quantize_symmetric_cols4``: ``(pack_int4(q),
+    scale)`` of ``quantize_cols_symmetric`` (``block`` 0) or ``quantize_col_blocks`` at 2 to
+    4 bits."""
+    bits = ref.check_bits(bits)
+    if bits > PACKED_ROW_BITS:
+        raise ValueError(f"bits must be an integer in 2..{PACKED_ROW_BITS}, got {bits}")
+    block = _check_block(block)
+    if block:
+        q, scale = granular.quantize_col_blocks(x, bits, block, rounding, seed, offset)
+    else:
+        q, scale = granular.quantize_cols_symmetric(x, bits, rounding, seed, offset)
+    return packed_ref.pack_int4(q), scale
+
+
+def quantize_per_column_packed(
+    x: torch.Tensor,
+    bits: int,
+    rounding: str = "nearest",
+    seed: int = 0,
+    offset: int = 0,
+    backend: str = "auto",
+    block: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_per_column` at 2 to 4 bits with its values stored two a byte along
+    each row: ``(packed uint8 [rows, ceil(cols / 2)], scale)``, bit for bit ``pack_int4`` of
+    its q, made in one pass (the int8 values are never written out). What tango keeps of a
+    GEMM's X columns at 4 bits or fewer, which ``int8_block_gemm`` reads packed. Counted as
+    the primitive "quantize_cols", like :func:`quantize_per_column`."""
+    xf = ref.as_float32(x)
+    block = _check_block(block)
+    chosen = dispatch.resolve("quantize_cols", xf, backend, kernels=COL_QUANTIZE_KERNELS)
+    with dispatch.call("quantize_cols", chosen):
+        if chosen == "reference":
+            return reference_quantize_cols4(xf, bits, rounding, seed, offset, block)
+        return torch.ops.qtrain.quantize_symmetric_cols4(
+            xf, bits, ref.stochastic(rounding), op_seed(seed), offset, block
+        )
+
+
+def _check_block(block: object) -> int:
+    """A column quantization's ``block``: 0 (one scale per column) or a row count."""
+    if isinstance(block, bool) or not isinstance(block, int) or block < 0:
+        raise ValueError(f"block must be >= 0 (0: one scale per column), got {block!r}")
+    return block
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float, backend: str = "auto") -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""Inputs the row-quantizer tests share (quantize_symmetric_rows, quantize_symmetric_rows4):
-rows of mixed magnitudes and the special rows every row quantizer must get right."""
+"""Inputs the quantizer tests share: rows of mixed magnitudes and the special rows every row
+quantizer must get right (quantize_symmetric_rows, quantize_symmetric_rows4); columns of
+power-law magnitudes and the special columns every column quantizer must get right
+(quantize_symmetric_cols, quantize_symmetric_cols4)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,37 @@ def row_inputs() -> dict[str, torch.Tensor]:
         }
     )
     return inputs
+
+
+def power_law_columns(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Rows of power-law magnitudes (hub nodes), a zero column, a constant column and a
+    block of zero rows: what a weight gradient's columns look like."""
+    g = gen(seed)
+    x = torch.randn(rows, cols, generator=g)
+    x *= (torch.rand(rows, 1, generator=g) ** -2.0).clamp(max=1e4)
+    if cols > 1:
+        x[:, 0] = 0.0
+        x[:, 1] = -0.731
+    x[rows // 3 : rows // 3 + 70] = 0.0
+    return x
+
+
+def column_inputs() -> dict[str, torch.Tensor]:
+    g = gen(77)
+    wide = torch.randn(300, 40, generator=g)
+    return {
+        "power law 1000x37": power_law_columns(1000, 37, 1),
+        "power law 5000x3": power_law_columns(5000, 3, 2),
+        "odd 131x7": torch.randn(131, 7, generator=g),
+        "one row": torch.randn(1, 9, generator=g),
+        "one column": torch.randn(777, 1, generator=g),
+        "zeros": torch.zeros(200, 5),
+        "constant": torch.full((129, 4), 0.731),
+        "tiny": torch.randn(150, 3, generator=g) * 1e-39,
+        "huge": (torch.rand(129, 6, generator=g) * 2 - 1) * 3.4e38,
+        "transposed": wide.t(),
+        "strided": wide[::3, ::2],
+        "no rows": torch.empty(0, 7),
+        "no columns": torch.empty(70, 0),
+        "nothing": torch.empty(0, 0),
+    }

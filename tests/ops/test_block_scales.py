@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from quantize_cases import column_inputs, power_law_columns
 from support import DEVICES, ErrorCase, assert_same, expect_errors, gen, library, opcheck, variants
 
 from qtrain.ops import dispatch
@@ -20,48 +21,14 @@ from qtrain.quant.rng import op_seed
 ROUNDINGS = ("nearest", "stochastic")
 
 
-def _power_law(rows: int, cols: int, seed: int) -> torch.Tensor:
-    """Rows of power-law magnitudes (hub nodes), a zero column, a constant column and a
-    block of zero rows: what a weight gradient's columns look like."""
-    g = gen(seed)
-    x = torch.randn(rows, cols, generator=g)
-    x *= (torch.rand(rows, 1, generator=g) ** -2.0).clamp(max=1e4)
-    if cols > 1:
-        x[:, 0] = 0.0
-        x[:, 1] = -0.731
-    x[rows // 3 : rows // 3 + 70] = 0.0
-    return x
-
-
-def _inputs() -> dict[str, torch.Tensor]:
-    g = gen(77)
-    wide = torch.randn(300, 40, generator=g)
-    return {
-        "power law 1000x37": _power_law(1000, 37, 1),
-        "power law 5000x3": _power_law(5000, 3, 2),
-        "odd 131x7": torch.randn(131, 7, generator=g),
-        "one row": torch.randn(1, 9, generator=g),
-        "one column": torch.randn(777, 1, generator=g),
-        "zeros": torch.zeros(200, 5),
-        "constant": torch.full((129, 4), 0.731),
-        "tiny": torch.randn(150, 3, generator=g) * 1e-39,
-        "huge": (torch.rand(129, 6, generator=g) * 2 - 1) * 3.4e38,
-        "transposed": wide.t(),
-        "strided": wide[::3, ::2],
-        "no rows": torch.empty(0, 7),
-        "no columns": torch.empty(70, 0),
-        "nothing": torch.empty(0, 0),
-    }
-
-
 BLOCKS = (1, 7, 64, 128, 10_000)  # one row a block, odd, the default, larger than the tensor
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(_inputs()))
+@pytest.mark.parametrize("name", list(column_inputs()))
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 def test_col_blocks_match_reference(device: str, name: str, rounding: str) -> None:
-    x = _inputs()[name]
+    x = column_inputs()[name]
     ops = library(device)
     for block in BLOCKS:
         for bits in range(2, 9):
@@ -79,7 +46,7 @@ def test_col_blocks_match_reference(device: str, name: str, rounding: str) -> No
 @pytest.mark.parametrize("device", DEVICES)
 def test_each_block_is_quantize_symmetric_of_its_rows(device: str) -> None:
     ops = library(device)
-    x = _power_law(300, 5, 3)
+    x = power_law_columns(300, 5, 3)
     q, scale = ops.quantize_symmetric_cols(x.to(device), 3, False, 0, 0, 64)
     assert scale.shape == (5, 5)
     for b in range(5):
@@ -97,7 +64,7 @@ def test_each_block_is_quantize_symmetric_of_its_rows(device: str) -> None:
 @pytest.mark.parametrize("rounding", ROUNDINGS)
 def test_col_blocks_same_for_any_thread_count_and_isa(rounding: str, threads: None) -> None:
     ops = library("cpu")
-    x = _power_law(200_003, 7, 4)  # over 2^20 elements: two threads split the blocks
+    x = power_law_columns(200_003, 7, 4)  # over 2^20 elements: two threads split the blocks
     x[-1, 6] = 1e6  # a block's max in the last thread's rows
     offset = 2**32 - 555_555
     want_q, want_scale = quantize_col_blocks(x, 2, 64, rounding, 11, offset)
@@ -111,7 +78,7 @@ def test_col_blocks_same_for_any_thread_count_and_isa(rounding: str, threads: No
 
 def test_blocks_lose_less_than_columns_at_two_bits() -> None:
     """Why the granularity exists: a column of power-law magnitudes keeps more of itself."""
-    x = _power_law(20_000, 16, 5)
+    x = power_law_columns(20_000, 16, 5)
     q, s = quantize_per_column(x, 2, "nearest", block=64)
     qc, sc = quantize_per_column(x, 2, "nearest")
     block_err = (dequantize_tiles(q, s, (64, 1)) - x).norm() / x.norm()
@@ -239,7 +206,7 @@ def test_one_block_is_int8_gemm_with_column_scales() -> None:
 def test_block_gemm_of_quantized_blocks_is_close_to_the_float_product() -> None:
     """The weight gradient it exists for: dY^T X over power-law nodes at 2 bits is closer
     to float32 with blocks of 64 nodes than with one scale per column."""
-    x, dy = _power_law(30_000, 24, 6), _power_law(30_000, 16, 7)
+    x, dy = power_law_columns(30_000, 24, 6), power_law_columns(30_000, 16, 7)
     exact = dy.t() @ x
     qg, sg = quantize_per_column(dy, 2, "stochastic", 1, block=64)
     qx, sx = quantize_per_column(x, 2, "stochastic", 2, block=64)

@@ -54,8 +54,9 @@ def test_block_scaled_weight_gradient_is_the_block_quantized_product(
 ) -> None:
     """Forward and dX as with one scale per row; dW from blocks of 16 nodes of each column
     of X and dY (round to nearest: no stream to replay), one thread (the blocks add in
-    order). Packed (4 bits), the X columns kept for dW are stored two values a byte and
-    the block GEMM reads them so: the same bits, no unpacked copy."""
+    order). Packed (4 bits), the X columns kept for dW are quantized straight into two values
+    a byte and the block GEMM reads them so: the same bits, no int8 copy packed or
+    unpacked."""
     torch.manual_seed(0)
     bits, block = 4, 16
     x = torch.randn(70, 13, requires_grad=True)  # 70 nodes: 4 full blocks and one of 6
@@ -84,7 +85,7 @@ def test_block_scaled_weight_gradient_is_the_block_quantized_product(
     assert torch.equal(dw, dw_want if linear else dw_want.t())
     snapshot = dispatch.snapshot()
     assert sum(snapshot["block_gemm"].values()) == 1 and sum(snapshot["gemm"].values()) == 2
-    assert "unpack_int4" not in snapshot, snapshot
+    assert "pack_int4" not in snapshot and "unpack_int4" not in snapshot, snapshot
     assert policy.operands_packed == (1 if packed and cache else 0)
 
 
