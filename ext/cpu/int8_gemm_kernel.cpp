@@ -736,7 +736,9 @@ const int8_t* unpacked_slice(const int8_t* packed, int64_t width, int64_t k0, in
                              std::vector<int8_t>& rows) {
   const int64_t bytes = (width + 1) / 2;
   const uint8_t* src = reinterpret_cast<const uint8_t*>(packed) + k0 * bytes;
-  for (int64_t k = 0; k < kc; ++k) int4::unpack_row(src + k * bytes, width, rows.data() + k * width);
+  for (int64_t k = 0; k < kc; ++k) {
+    int4::unpack_row(src + k * bytes, width, rows.data() + k * width);
+  }
   return rows.data();
 }
 

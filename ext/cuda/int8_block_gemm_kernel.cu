@@ -136,8 +136,9 @@ at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
   at::Tensor out = at::empty({M, N}, opts);
   const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m));
   const bool a_packed = qa.scalar_type() == at::kByte, b_packed = qb.scalar_type() == at::kByte;
-  auto kernel = a_packed ? (b_packed ? block_gemm_kernel<true, true> : block_gemm_kernel<true, false>)
-                         : (b_packed ? block_gemm_kernel<false, true> : block_gemm_kernel<false, false>);
+  auto kernel = a_packed
+                    ? (b_packed ? block_gemm_kernel<true, true> : block_gemm_kernel<true, false>)
+                    : (b_packed ? block_gemm_kernel<false, true> : block_gemm_kernel<false, false>);
   kernel<<<grid, kThreads, 0, current_stream()>>>(
       qa.const_data_ptr(), qb.const_data_ptr(), sa.const_data_ptr<float>(),
       sb.const_data_ptr<float>(), K, M, N, block,
