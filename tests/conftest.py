@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import statistics
 import sys
 from collections.abc import Callable, Iterator
@@ -185,3 +186,18 @@ plugin = ["tango"]
         return path
 
     return write
+
+
+@pytest.fixture
+def stop_handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No stop signal requested (qtrain.signals), and the handlers a stop changes put back
+    afterwards."""
+    from qtrain import signals
+
+    monkeypatch.setattr(signals, "_requested", [])
+    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved[0])
+        signal.signal(signal.SIGINT, saved[1])

@@ -11,7 +11,6 @@ import json
 import math
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,18 +178,6 @@ def test_failure_mid_run_is_recorded_and_reraised(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and "boom" in summary["error"]
     assert summary["epochs"] == 2 and len(read_metrics(run_dir)) == 2
-
-
-@pytest.fixture
-def stop_handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No stop requested, and the signal handlers a stop changes put back afterwards."""
-    monkeypatch.setattr(signals, "_requested", [])
-    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, saved[0])
-        signal.signal(signal.SIGINT, saved[1])
 
 
 def test_an_error_a_stop_signal_caused_ends_the_run_interrupted(

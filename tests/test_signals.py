@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,18 +11,7 @@ import pytest
 from qtrain import signals
 
 
-@pytest.fixture
-def handlers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(signals, "_requested", [])
-    saved = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, saved[0])
-        signal.signal(signal.SIGINT, saved[1])
-
-
-def test_an_interrupt_dropped_in_a_finalizer_stops_at_the_next_check(handlers: None) -> None:
+def test_an_interrupt_dropped_in_a_finalizer_stops_at_the_next_check(stop_handlers: None) -> None:
     class Finalized:
         def __del__(self) -> None:  # a signal handled here: Python would print and drop it
             signals._stop(signal.SIGTERM, None)
@@ -36,7 +24,7 @@ def test_an_interrupt_dropped_in_a_finalizer_stops_at_the_next_check(handlers: N
 
 
 def test_a_signal_landing_in_a_finalizer_prints_no_traceback(
-    handlers: None, monkeypatch: pytest.MonkeyPatch
+    stop_handlers: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dropped: list[Any] = []
     monkeypatch.setattr(sys, "unraisablehook", dropped.append)
@@ -51,6 +39,6 @@ def test_a_signal_landing_in_a_finalizer_prints_no_traceback(
         signals.raise_if_stopped()
 
 
-def test_a_signal_anywhere_else_interrupts_at_once(handlers: None) -> None:
+def test_a_signal_anywhere_else_interrupts_at_once(stop_handlers: None) -> None:
     with pytest.raises(KeyboardInterrupt, match="SIGINT"):
         signals._stop(signal.SIGINT, sys._getframe())

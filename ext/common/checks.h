@@ -81,6 +81,23 @@ inline void counter_range(const char* fn, int64_t n, int64_t offset) {
                     n);
 }
 
+// The input of a row or column quantizer (quantize_symmetric_rows / _cols and their packed
+// forms): bits in 2..max_bits, x a dense float32 [rows, cols], its counters in range.
+inline void quantizer_input(const char* fn, const at::Tensor& x, int64_t bits, int64_t max_bits,
+                            int64_t offset) {
+  bits_in(fn, bits, 2, max_bits);
+  dense(fn, "x", x);
+  dtype(fn, "x", x, at::kFloat);
+  TORCH_CHECK_VALUE(x.dim() == 2, fn, ": x must be 2-d [rows, cols], got shape ", x.sizes());
+  counter_range(fn, x.numel(), offset);
+}
+
+// A column quantizer's block: 0 (one scale per column) or rows per scale.
+inline void column_block(const char* fn, int64_t block) {
+  TORCH_CHECK_VALUE(block >= 0, fn, ": block must be >= 0 (0: one scale per column), got ",
+                    block);
+}
+
 // ---------------------------------------------------------------- GEMM (int8_gemm, quantized_gemm)
 
 // The three layouts of a GEMM's stored operands: "nn" C = A @ B, "nt" A @ B^T, "tn" A^T @ B.

@@ -31,13 +31,8 @@ struct QuantizeSymmetricCols {
   static void check(const at::Tensor& x, int64_t bits, bool, int64_t, int64_t offset,
                     int64_t block) {
     constexpr const char* fn = "qtrain::quantize_symmetric_cols";
-    TORCH_CHECK_VALUE(block >= 0, fn, ": block must be >= 0 (0: one scale per column), got ",
-                      block);
-    checks::bits_in(fn, bits, 2, 8);
-    checks::dense(fn, "x", x);
-    checks::dtype(fn, "x", x, at::kFloat);
-    TORCH_CHECK_VALUE(x.dim() == 2, fn, ": x must be 2-d [rows, cols], got shape ", x.sizes());
-    checks::counter_range(fn, x.numel(), offset);
+    checks::column_block(fn, block);
+    checks::quantizer_input(fn, x, bits, 8, offset);
   }
 };
 

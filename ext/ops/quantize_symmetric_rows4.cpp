@@ -25,11 +25,7 @@ struct QuantizeSymmetricRows4 {
 
   static void check(const at::Tensor& x, int64_t bits, bool, int64_t, int64_t offset) {
     constexpr const char* fn = "qtrain::quantize_symmetric_rows4";
-    checks::bits_in(fn, bits, 2, 4);
-    checks::dense(fn, "x", x);
-    checks::dtype(fn, "x", x, at::kFloat);
-    TORCH_CHECK_VALUE(x.dim() == 2, fn, ": x must be 2-d [rows, cols], got shape ", x.sizes());
-    checks::counter_range(fn, x.numel(), offset);
+    checks::quantizer_input(fn, x, bits, 4, offset);
   }
 };
 

@@ -80,6 +80,14 @@ def quantize_per_row(
         )
 
 
+def _check_packed_bits(bits: object) -> int:
+    """A bit count whose values fit a nibble: 2..PACKED_ROW_BITS."""
+    bits = ref.check_bits(bits)
+    if bits > PACKED_ROW_BITS:
+        raise ValueError(f"bits must be an integer in 2..{PACKED_ROW_BITS}, got {bits}")
+    return bits
+
+
 def reference_quantize_rows4(
     x: torch.Tensor,
     bits: int,
@@ -89,9 +97,7 @@ def reference_quantize_rows4(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pure-PyTorch definition of the op ``quantize_symmetric_rows4``: ``(pack_int4(q),
     scale)`` of ``quantize_rows_symmetric`` at 2 to 4 bits."""
-    bits = ref.check_bits(bits)
-    if bits > PACKED_ROW_BITS:
-        raise ValueError(f"bits must be an integer in 2..{PACKED_ROW_BITS}, got {bits}")
+    bits = _check_packed_bits(bits)
     q, scale = granular.quantize_rows_symmetric(x, bits, rounding, seed, offset)
     return packed_ref.pack_int4(q), scale
 
@@ -163,9 +169,7 @@ def reference_quantize_cols4(
     """The pure-PyTorch definition of the op ``quantize_symmetric_cols4``: ``(pack_int4(q),
     scale)`` of ``quantize_cols_symmetric`` (``block`` 0) or ``quantize_col_blocks`` at 2 to
     4 bits."""
-    bits = ref.check_bits(bits)
-    if bits > PACKED_ROW_BITS:
-        raise ValueError(f"bits must be an integer in 2..{PACKED_ROW_BITS}, got {bits}")
+    bits = _check_packed_bits(bits)
     block = _check_block(block)
     if block:
         q, scale = granular.quantize_col_blocks(x, bits, block, rounding, seed, offset)
