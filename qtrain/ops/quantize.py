@@ -150,9 +150,7 @@ def quantize_per_column(
     chosen = dispatch.resolve("quantize_cols", xf, backend, kernels=COL_QUANTIZE_KERNELS)
     with dispatch.call("quantize_cols", chosen):
         if chosen == "reference":
-            if block:
-                return granular.quantize_col_blocks(xf, bits, block, rounding, seed, offset)
-            return granular.quantize_cols_symmetric(xf, bits, rounding, seed, offset)
+            return _reference_cols(xf, bits, rounding, seed, offset, block)
         return torch.ops.qtrain.quantize_symmetric_cols(
             xf, bits, ref.stochastic(rounding), op_seed(seed), offset, block
         )
@@ -170,11 +168,7 @@ def reference_quantize_cols4(
     scale)`` of ``quantize_cols_symmetric`` (``block`` 0) or ``quantize_col_blocks`` at 2 to
     4 bits."""
     bits = _check_packed_bits(bits)
-    block = _check_block(block)
-    if block:
-        q, scale = granular.quantize_col_blocks(x, bits, block, rounding, seed, offset)
-    else:
-        q, scale = granular.quantize_cols_symmetric(x, bits, rounding, seed, offset)
+    q, scale = _reference_cols(x, bits, rounding, seed, offset, _check_block(block))
     return packed_ref.pack_int4(q), scale
 
 
@@ -201,6 +195,15 @@ def quantize_per_column_packed(
         return torch.ops.qtrain.quantize_symmetric_cols4(
             xf, bits, ref.stochastic(rounding), op_seed(seed), offset, block
         )
+
+
+def _reference_cols(
+    x: torch.Tensor, bits: int, rounding: str, seed: int, offset: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference column quantizer: one scale per column (``block`` 0) or per block."""
+    if block:
+        return granular.quantize_col_blocks(x, bits, block, rounding, seed, offset)
+    return granular.quantize_cols_symmetric(x, bits, rounding, seed, offset)
 
 
 def _check_block(block: object) -> int:
