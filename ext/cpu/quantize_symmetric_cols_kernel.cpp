@@ -1,7 +1,6 @@
-// quantize_symmetric_cols and quantize_symmetric_cols4 on the CPU (fronts:
-// ops/quantize_symmetric_cols.cpp, ops/quantize_symmetric_cols4.cpp; references
-// qtrain/quant/granular.py quantize_cols_symmetric, qtrain/ops/quantize.py
-// reference_quantize_cols4).
+// quantize_symmetric_cols on the CPU (front: ops/quantize_symmetric_cols.cpp; reference
+// qtrain/quant/granular.py quantize_cols_symmetric), and cpu::quantize_cols (cpu/quantize_cols.h),
+// which quantize_symmetric_cols4's CPU kernel (quantize_symmetric_cols4_kernel.cpp) calls.
 //
 // Column j of x [rows, cols] is quantize_symmetric's rule (cpu/quantize_symmetric_kernel.cpp)
 // applied to that column alone, with the counters offset + i * cols + j; q stays in x's
@@ -48,6 +47,7 @@
 #include "cpu/isa.h"
 #include "cpu/mem.h"
 #include "cpu/quantize_bodies.h"
+#include "cpu/quantize_cols.h"
 #include "cpu/ranges.h"
 #include "cpu/threads.h"
 
@@ -302,10 +302,27 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   return {q, scale};
 }
 
+std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols_int8(const at::Tensor& x,
+                                                                int64_t bits, bool stochastic,
+                                                                int64_t seed, int64_t offset,
+                                                                int64_t block) {
+  return quantize_symmetric_cols<false>(x, bits, stochastic, seed, offset, block);
+}
+
 }  // namespace
+
+namespace cpu {
+
+std::tuple<at::Tensor, at::Tensor> quantize_cols(const at::Tensor& x, int64_t bits,
+                                                 bool stochastic, int64_t seed, int64_t offset,
+                                                 int64_t block, bool packed) {
+  return packed ? quantize_symmetric_cols<true>(x, bits, stochastic, seed, offset, block)
+                : quantize_symmetric_cols<false>(x, bits, stochastic, seed, offset, block);
+}
+
+}  // namespace cpu
 }  // namespace qtrain
 
 TORCH_LIBRARY_IMPL(qtrain, CPU, m) {
-  m.impl("quantize_symmetric_cols", &qtrain::quantize_symmetric_cols<false>);
-  m.impl("quantize_symmetric_cols4", &qtrain::quantize_symmetric_cols<true>);
+  m.impl("quantize_symmetric_cols", &qtrain::quantize_symmetric_cols_int8);
 }

@@ -1,7 +1,7 @@
-// quantize_symmetric_cols and quantize_symmetric_cols4 on CUDA (fronts:
-// ops/quantize_symmetric_cols.cpp, ops/quantize_symmetric_cols4.cpp; references
-// qtrain/quant/granular.py quantize_cols_symmetric, qtrain/ops/quantize.py
-// reference_quantize_cols4; CPU twin cpu/quantize_symmetric_cols_kernel.cpp).
+// quantize_symmetric_cols on CUDA (front: ops/quantize_symmetric_cols.cpp; reference
+// qtrain/quant/granular.py quantize_cols_symmetric; CPU twin
+// cpu/quantize_symmetric_cols_kernel.cpp), and cuda::quantize_cols (cuda/quantize_cols.h),
+// which quantize_symmetric_cols4's CUDA kernel (quantize_symmetric_cols4_kernel.cu) calls.
 //
 // Three launches on x [rows, cols] in its own layout, blocks of 32 columns x 8 rows (a
 // warp reads 32 consecutive values of a row):
@@ -26,6 +26,7 @@
 #include <torch/library.h>
 
 #include "cuda/common.cuh"
+#include "cuda/quantize_cols.h"
 
 namespace qtrain {
 namespace cuda {
@@ -289,11 +290,25 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   return {q, scale};
 }
 
+std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols_int8(const at::Tensor& x,
+                                                                int64_t bits, bool stochastic,
+                                                                int64_t seed, int64_t offset,
+                                                                int64_t block) {
+  return quantize_symmetric_cols<false>(x, bits, stochastic, seed, offset, block);
+}
+
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor> quantize_cols(const at::Tensor& x, int64_t bits,
+                                                 bool stochastic, int64_t seed, int64_t offset,
+                                                 int64_t block, bool packed) {
+  return packed ? quantize_symmetric_cols<true>(x, bits, stochastic, seed, offset, block)
+                : quantize_symmetric_cols<false>(x, bits, stochastic, seed, offset, block);
+}
+
 }  // namespace cuda
 }  // namespace qtrain
 
 TORCH_LIBRARY_IMPL(qtrain, CUDA, m) {
-  m.impl("quantize_symmetric_cols", &qtrain::cuda::quantize_symmetric_cols<false>);
-  m.impl("quantize_symmetric_cols4", &qtrain::cuda::quantize_symmetric_cols<true>);
+  m.impl("quantize_symmetric_cols", &qtrain::cuda::quantize_symmetric_cols_int8);
 }
