@@ -45,7 +45,7 @@ def test_tango_low_bits_stay_near_fp32(example: str, bits: int, example_runs: Ex
         # a plugin that silently stayed float32 would pass the bar: the low-bit kernels ran
         kernels = summary["kernels"]
         # and the operands were stored packed, two 4-bit values a byte (the default; rows
-        # are quantized straight into nibbles, so pack_int4 runs only for columns)
+        # and columns are quantized straight into nibbles)
         assert report["packed"] and report["operands_packed"] > 0, report
         for primitive in ("gemm", "block_gemm", "spmm", "quantize_rows", "quantize_cols"):
             quantized = {b for b, n in kernels.get(primitive, {}).items() if n and b != "fp32"}
