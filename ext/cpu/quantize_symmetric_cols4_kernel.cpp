@@ -1,6 +1,6 @@
 // quantize_symmetric_cols4 on the CPU (front: ops/quantize_symmetric_cols4.cpp; reference
 // qtrain/ops/quantize.py reference_quantize_cols4): quantize_symmetric_cols's kernel
-// (cpu/quantize_symmetric_cols_kernel.cpp, through cpu/quantize_cols.h) writing x's rows as
+// (cpu/quantize_symmetric_cols_kernel.cpp, through common/quantize_cols.h) writing x's rows as
 // 4-bit values packed two per byte: 16 rows at a time quantized into a per-thread buffer
 // and packed from there while in cache, so no int8 copy of x is written.
 #include <ATen/core/Tensor.h>
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <tuple>
 
-#include "cpu/quantize_cols.h"
+#include "common/quantize_cols.h"
 
 namespace qtrain {
 namespace {

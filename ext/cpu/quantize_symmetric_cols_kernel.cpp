@@ -1,6 +1,7 @@
 // quantize_symmetric_cols on the CPU (front: ops/quantize_symmetric_cols.cpp; reference
-// qtrain/quant/granular.py quantize_cols_symmetric), and cpu::quantize_cols (cpu/quantize_cols.h),
-// which quantize_symmetric_cols4's CPU kernel (quantize_symmetric_cols4_kernel.cpp) calls.
+// qtrain/quant/granular.py quantize_cols_symmetric), and cpu::quantize_cols
+// (common/quantize_cols.h), which quantize_symmetric_cols4's CPU kernel
+// (quantize_symmetric_cols4_kernel.cpp) calls.
 //
 // Column j of x [rows, cols] is quantize_symmetric's rule (cpu/quantize_symmetric_kernel.cpp)
 // applied to that column alone, with the counters offset + i * cols + j; q stays in x's
@@ -42,12 +43,12 @@
 #include <tuple>
 #include <vector>
 
+#include "common/quantize_cols.h"
 #include "common/rng.h"
 #include "cpu/int4.h"
 #include "cpu/isa.h"
 #include "cpu/mem.h"
 #include "cpu/quantize_bodies.h"
-#include "cpu/quantize_cols.h"
 #include "cpu/ranges.h"
 #include "cpu/threads.h"
 
@@ -134,11 +135,6 @@ const Kernels& kernels() { return QT_SELECT_VARIANT(kernels_); }
 
 constexpr int64_t kPackRows = 16;  // rows quantized into the buffer before they are packed
 
-template <bool PACKED>
-constexpr const char* op_name() {
-  return PACKED ? "qtrain::quantize_symmetric_cols4" : "qtrain::quantize_symmetric_cols";
-}
-
 // Rows [r0, r1) of x quantized by `body`: into q (int8 [rows, cols]), or PACKED into out
 // (uint8 [rows, ceil(cols / 2)]) through `buf` (kPackRows * cols int8, the thread's own).
 template <bool PACKED>
@@ -158,15 +154,6 @@ void quantize_rows(QuantizeFn body, const float* x, void* out, int8_t* buf, cons
       }
     }
   }
-}
-
-// The output of x [rows, cols]: int8 in x's shape, or PACKED uint8 [rows, ceil(cols / 2)].
-template <bool PACKED>
-at::Tensor quantized_output(const at::Tensor& x) {
-  if constexpr (PACKED) {
-    return at::empty({x.size(0), (x.size(1) + 1) / 2}, x.options().dtype(at::kByte));
-  }
-  return at::empty(x.sizes(), x.options().dtype(at::kChar));
 }
 
 // The per-thread buffers of the PACKED rows (none otherwise).
@@ -206,7 +193,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   const int64_t cols = x.size(1);
   const int64_t n = rows * cols;
   const int64_t blocks = (rows + block - 1) / block;
-  at::Tensor q = quantized_output<PACKED>(x);
+  at::Tensor q = col_quantizer::output<PACKED>(x);
   at::Tensor scale = at::zeros({blocks, cols}, x.options());
   if (n == 0) return {q, scale};
   const float* xp = x.const_data_ptr<float>();
@@ -242,7 +229,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
       quantize_rows<PACKED>(body, xp, qp, buf, pr, iv, r0, r1, cols, qmax, keys, off);
     }
   });
-  TORCH_CHECK_VALUE(std::find(bad.begin(), bad.end(), 1) == bad.end(), op_name<PACKED>(),
+  TORCH_CHECK_VALUE(std::find(bad.begin(), bad.end(), 1) == bad.end(),
+                    col_quantizer::op_name<PACKED>(),
                     ": x contains NaN or Inf; quantization needs finite values");
   return {q, scale};
 }
@@ -256,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const int64_t n = rows * cols;
-  at::Tensor q = quantized_output<PACKED>(x);
+  at::Tensor q = col_quantizer::output<PACKED>(x);
   if (n == 0) return {q, at::zeros({1, cols}, x.options())};  // no rows: range 0
   at::Tensor scale = at::empty({1, cols}, x.options());
 
@@ -279,7 +267,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
     for (size_t j = 0; j < ucols; ++j) m[j] = p[j] > m[j] ? p[j] : m[j];
   }
   const uint32_t worst = *std::max_element(m, m + cols);
-  TORCH_CHECK_VALUE(worst < 0x7f800000u, op_name<PACKED>(),
+  TORCH_CHECK_VALUE(worst < 0x7f800000u, col_quantizer::op_name<PACKED>(),
                     ": x contains NaN or Inf; quantization needs finite values");
 
   // per-column pre / inv / scale: quantize_symmetric's rule (inv = 0 for a column of zeros)

@@ -1,7 +1,7 @@
 // quantize_symmetric_cols4 on CUDA (front: ops/quantize_symmetric_cols4.cpp; reference
 // qtrain/ops/quantize.py reference_quantize_cols4; CPU twin
 // cpu/quantize_symmetric_cols4_kernel.cpp): quantize_symmetric_cols's kernels
-// (cuda/quantize_symmetric_cols_kernel.cu, through cuda/quantize_cols.h) writing x's rows
+// (cuda/quantize_symmetric_cols_kernel.cu, through common/quantize_cols.h) writing x's rows
 // as 4-bit values packed two per byte, each even column's lane writing its byte with its
 // odd neighbour's value (a warp shuffle), so no int8 copy of x is written.
 #include <ATen/core/Tensor.h>
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <tuple>
 
-#include "cuda/quantize_cols.h"
+#include "common/quantize_cols.h"
 
 namespace qtrain {
 namespace cuda {

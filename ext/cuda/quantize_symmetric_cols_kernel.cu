@@ -1,6 +1,6 @@
 // quantize_symmetric_cols on CUDA (front: ops/quantize_symmetric_cols.cpp; reference
 // qtrain/quant/granular.py quantize_cols_symmetric; CPU twin
-// cpu/quantize_symmetric_cols_kernel.cpp), and cuda::quantize_cols (cuda/quantize_cols.h),
+// cpu/quantize_symmetric_cols_kernel.cpp), and cuda::quantize_cols (common/quantize_cols.h),
 // which quantize_symmetric_cols4's CUDA kernel (quantize_symmetric_cols4_kernel.cu) calls.
 //
 // Three launches on x [rows, cols] in its own layout, blocks of 32 columns x 8 rows (a
@@ -25,8 +25,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "common/quantize_cols.h"
 #include "cuda/common.cuh"
-#include "cuda/quantize_cols.h"
 
 namespace qtrain {
 namespace cuda {
@@ -180,19 +180,6 @@ __global__ void __launch_bounds__(kColsPerBlock * kRowsPerBlock)
   }
 }
 
-template <bool PACKED>
-constexpr const char* op_name() {
-  return PACKED ? "qtrain::quantize_symmetric_cols4" : "qtrain::quantize_symmetric_cols";
-}
-
-// The output of x [rows, cols]: int8 in x's shape, or PACKED uint8 [rows, ceil(cols / 2)].
-template <bool PACKED>
-at::Tensor quantized_output(const at::Tensor& x) {
-  if constexpr (PACKED) {
-    return at::empty({x.size(0), (x.size(1) + 1) / 2}, x.options().dtype(at::kByte));
-  }
-  return at::empty(x.sizes(), x.options().dtype(at::kChar));
-}
 
 template <bool PACKED>
 std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int64_t bits,
@@ -201,12 +188,12 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
   const int64_t blocks = (rows + block - 1) / block;
-  at::Tensor q = quantized_output<PACKED>(x);
+  at::Tensor q = col_quantizer::output<PACKED>(x);
   at::Tensor scale = at::zeros({blocks, cols}, x.options());
   if (rows * cols == 0) return {q, scale};
   const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
-  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, op_name<PACKED>(), ": cols = ", cols,
-                    " is too large for the CUDA kernel");
+  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, col_quantizer::op_name<PACKED>(),
+                    ": cols = ", cols, " is too large for the CUDA kernel");
   at::Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
   uint32_t* badp = reinterpret_cast<uint32_t*>(flag.mutable_data_ptr<int32_t>());
   const int qmax = (1 << (bits - 1)) - 1;
@@ -227,7 +214,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_col_blocks(const at::Tensor& x, int6
                                                                     qmax, sp, badp, keys, off);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  TORCH_CHECK_VALUE(read_back(badp, stream) == 0u, op_name<PACKED>(),
+  TORCH_CHECK_VALUE(read_back(badp, stream) == 0u, col_quantizer::op_name<PACKED>(),
                     ": x contains NaN or Inf; quantization needs finite values");
   return {q, scale};
 }
@@ -241,7 +228,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   if (block > 0) return quantize_col_blocks<PACKED>(x, bits, stochastic, seed, offset, block);
   const int64_t rows = x.size(0);
   const int64_t cols = x.size(1);
-  at::Tensor q = quantized_output<PACKED>(x);
+  at::Tensor q = col_quantizer::output<PACKED>(x);
   if (rows * cols == 0) return {q, at::zeros({1, cols}, x.options())};  // no rows: range 0
 
   at::Tensor scale = at::empty({1, cols}, x.options());
@@ -260,8 +247,8 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   cudaStream_t stream = current_stream();
 
   const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
-  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, op_name<PACKED>(), ": cols = ", cols,
-                    " is too large for the CUDA kernel");
+  TORCH_CHECK_VALUE(col_blocks <= int64_t{0x7fffffff}, col_quantizer::op_name<PACKED>(),
+                    ": cols = ", cols, " is too large for the CUDA kernel");
   const dim3 threads(kColsPerBlock, kRowsPerBlock);
   // enough blocks to fill every SM several times over; grid-stride over the rest
   const int64_t want = static_cast<int64_t>(sm_count()) * 16;
@@ -285,7 +272,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_symmetric_cols(const at::Tensor& x_i
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const uint32_t flag = read_back(badp, stream);
-  TORCH_CHECK_VALUE(flag == 0u, op_name<PACKED>(),
+  TORCH_CHECK_VALUE(flag == 0u, col_quantizer::op_name<PACKED>(),
                     ": x contains NaN or Inf; quantization needs finite values");
   return {q, scale};
 }

@@ -1,8 +1,9 @@
 // quantize_symmetric_cols4: quantize_symmetric_cols at 2 to 4 bits, x's rows written as 4-bit
 // values packed two per byte (issue 32, packed storage: the X columns a GEMM keeps for its
 // weight gradient, which int8_block_gemm reads packed). Reference: qtrain/ops/quantize.py
-// reference_quantize_cols4; kernels: cpu/quantize_symmetric_cols_kernel.cpp,
-// cuda/quantize_symmetric_cols_kernel.cu (the same bodies as quantize_symmetric_cols).
+// reference_quantize_cols4; kernels: cpu/quantize_symmetric_cols4_kernel.cpp,
+// cuda/quantize_symmetric_cols4_kernel.cu (quantize_symmetric_cols's code, through
+// common/quantize_cols.h).
 //
 //   (packed uint8 [rows, ceil(cols / 2)], scale float32 [1 or ceil(rows / block), cols])
 //     == (pack_int4(q), scale) of quantize_symmetric_cols(x, bits, stochastic, seed, offset,

@@ -361,11 +361,11 @@ class QuantPolicy:
         self, x: torch.Tensor, by: str, bits: int, seed: int, offset: int, packed: bool = False
     ) -> Quantized:
         args = (bits, self.rounding, seed, offset, self.backend)
+        block = self.scale_block if by == NODE_BLOCKS else 0  # a column quantizer's block
         if packed:  # bits <= PACKABLE_BITS: the caller checked packs
             if by in (ROWS, ROTATED_ROWS):
                 value = Quantized(*quantize_per_row_packed(x, *args))
             elif by in (COLUMNS, NODE_BLOCKS):
-                block = self.scale_block if by == NODE_BLOCKS else 0
                 value = Quantized(*quantize_per_column_packed(x, *args, block=block))
             else:
                 q, scale = self._quantize(x, by, bits, seed, offset)
@@ -375,10 +375,8 @@ class QuantPolicy:
             return value
         if by == TENSOR:
             return quantize(x, *args)
-        if by == COLUMNS:
-            return quantize_per_column(x, *args)
-        if by == NODE_BLOCKS:
-            return quantize_per_column(x, *args, block=self.scale_block)
+        if by in (COLUMNS, NODE_BLOCKS):
+            return quantize_per_column(x, *args, block=block)
         return quantize_per_row(x, *args)  # rows, and the rows of a rotated x
 
     def cached(
