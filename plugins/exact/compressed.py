@@ -10,7 +10,10 @@
   projected by a normalized Rademacher matrix to ``ceil(width / rp_ratio)``
   columns, but to no fewer than :func:`min_projected_width` (narrower rows
   are not projected), then quantized per row to ``bits`` bits with stochastic rounding
-  and bit-packed (``qtrain.quant.rowwise``). Rows narrower than ``MIN_ROW``
+  and bit-packed (``qtrain.quant.rowwise``); at 1 bit with ``rounding = "means"``, each
+  row is split at its mean and stored as its two sides' means instead
+  (``rowwise.quantize_rows_means``: under a tenth of the stochastic squared error, biased).
+  Rows narrower than ``MIN_ROW``
   (GAT's per-edge attention scalars) are regrouped into blocks of
   ``BLOCK`` consecutive elements, so the two 16-bit row parameters do not
   outweigh the data (the last block is padded with its last value, so the
@@ -112,6 +115,8 @@ class CompressingCodec:
         seed: int = 0,
         backend: str = "auto",
     ) -> None:
+        if rounding == "means" and bits != 1:
+            raise ValueError(f'rounding = "means" stores rows at 1 bit, got bits = {bits}')
         self.bits, self.rp_ratio, self.rounding = bits, rp_ratio, rounding
         self.seed, self.backend = seed, backend
         self._offset = 0  # counter stream position: every tensor draws fresh randomness
@@ -330,6 +335,11 @@ class CompressingCodec:
         )
         return k if project else None
 
+    def _means(self, bits: int) -> bool:
+        """Whether rows stored at ``bits`` take the two side means (``rounding = "means"``
+        at 1 bit; a block of narrow rows is stored at 2 bits, stochastically)."""
+        return self.rounding == "means" and bits == 1
+
     def _draw(self, n: int) -> int:
         offset = self._offset
         self._offset += n
@@ -351,7 +361,16 @@ class CompressingCodec:
         projection = None
         k = self._projected_width(t, rows.shape[1]) if not blocked else None
         rows = rows.contiguous()
-        if k is not None:  # one pass: the projected tensor is never materialized
+        if k is not None and self._means(bits):  # projected, then split at the means
+            offset = self._draw(rows.shape[1] * k)
+            projection = (rows.shape[1], k, offset)
+            self._draw(rows.shape[0] * k)  # the stream advances as stochastic rounding's
+            matrix = compress.rademacher(
+                rows.shape[1], k, self.seed, offset, self.backend, device=rows.device
+            )
+            packed, zero, rng = compress.quantize_rows_means(rows @ matrix, self.backend)
+            self.stats["projected"] += 1
+        elif k is not None:  # one pass: the projected tensor is never materialized
             offset = self._draw(rows.shape[1] * k)
             projection = (rows.shape[1], k, offset)
             packed, zero, rng = compress.project_quantize_rows(
@@ -367,8 +386,13 @@ class CompressingCodec:
             self.stats["projected"] += 1
         else:
             k = rows.shape[1]
-            packed, zero, rng = compress.quantize_rows(
-                rows, bits, self.rounding, self.seed, self._draw(rows.numel()), self.backend
-            )
+            offset = self._draw(rows.numel())
+            if self._means(bits):
+                packed, zero, rng = compress.quantize_rows_means(rows, self.backend)
+            else:
+                rounding = "stochastic" if self.rounding == "means" else self.rounding
+                packed, zero, rng = compress.quantize_rows(
+                    rows, bits, rounding, self.seed, offset, self.backend
+                )
         self.stats["quantized"] += 1
         return CompressedTensor(packed, zero, rng, bits, k, t.shape, t.dtype, blocked, projection)

@@ -46,6 +46,19 @@ def quantize_rows(
         return torch.ops.qtrain.quantize_rows(x, bits, stochastic(rounding), op_seed(seed), offset)
 
 
+def quantize_rows_means(
+    x: torch.Tensor, backend: str = "auto"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """1-bit rows of float32 ``x [rows, width]`` at their two side means
+    (:func:`qtrain.quant.rowwise.quantize_rows_means`), in :func:`quantize_rows`'s format
+    at ``bits = 1``: :func:`dequantize_rows` reads it."""
+    chosen = dispatch.resolve("compress", x, backend, kernels=COMPRESS_KERNELS)
+    with dispatch.call("compress", chosen):
+        if chosen == "reference":
+            return ref.quantize_rows_means(x)
+        return torch.ops.qtrain.quantize_rows_means(x)
+
+
 def dequantize_rows(
     packed: torch.Tensor,
     zero: torch.Tensor,

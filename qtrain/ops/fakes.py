@@ -190,6 +190,10 @@ def quantize_rows(
     return _row_codes(x.shape[0], x.shape[1], bits, x)
 
 
+def quantize_rows_means(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return _row_codes(x.shape[0], x.shape[1], 1, x)
+
+
 def dequantize_rows(packed: Tensor, zero: Tensor, range: Tensor, bits: int, width: int) -> Tensor:
     return _empty((zero.shape[0], width), torch.float32, packed)
 
@@ -318,6 +322,7 @@ FAKES: dict[str, Callable[..., Any]] = {
         int8_block_gemm,
         quantized_gemm,
         quantize_rows,
+        quantize_rows_means,
         dequantize_rows,
         quantize_rows_into,
         dequantize_rows_into,

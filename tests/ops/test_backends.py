@@ -89,7 +89,7 @@ def test_the_library_defines_every_op_with_its_front_kernels_and_fake() -> None:
     _need_ext()
     assert backends.library_problems() == []
     kernels = backends.op_kernels()
-    assert set(kernels) == set(fakes.FAKES) and len(kernels) == 35  # every op of the library
+    assert set(kernels) == set(fakes.FAKES) and len(kernels) == 36  # every op of the library
     want = {"front", "cpu", "fake", *(["cuda"] if backends.available("ext-cuda") else [])}
     assert all(set(parts) == want for parts in kernels.values()), kernels
 

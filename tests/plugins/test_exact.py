@@ -99,6 +99,47 @@ def test_codec_round_trip_bound(bits: int, shape: tuple[int, ...]) -> None:
     assert codec.nbytes(stored) == (n_rows * width * stored.bits + 7) // 8 + 4 * n_rows
 
 
+@pytest.mark.parametrize("rp_ratio", [1, 4])
+def test_codec_means_stores_1_bit_rows_at_their_side_means(rp_ratio: int) -> None:
+    """rounding = "means": every row (projected or not) stored as its two side means
+    (``quantize_rows_means``), deterministic, at a fraction of stochastic rounding's error;
+    narrow rows are still blocked at MIN_BLOCK_BITS and rounded stochastically."""
+    torch.manual_seed(2)
+    x = torch.randn(300, 64, requires_grad=True)
+    errors = {}
+    for rounding in ("means", "stochastic"):
+        codec = _codec(bits=1, rp_ratio=rp_ratio, rounding=rounding)
+        stored = codec.encode(x)
+        assert isinstance(stored, CompressedTensor) and stored.bits == 1
+        assert (stored.projection is not None) == (rp_ratio > 1)
+        errors[rounding] = float((codec.decode(stored) - x.detach()).square().mean())
+        if rounding == "means":
+            again = _codec(bits=1, rp_ratio=rp_ratio, rounding=rounding, seed=9).encode(x)
+            assert torch.equal(again.packed, stored.packed) == (rp_ratio == 1)
+            if rp_ratio == 1:
+                levels = codec.decode(stored)
+                assert all(len(torch.unique(row)) <= 2 for row in levels)
+    assert errors["means"] < 0.5 * errors["stochastic"], errors
+    att = torch.rand(500, 4, 1, requires_grad=True)
+    blocked = _codec(bits=1, rounding="means").encode(att)
+    assert blocked.blocked and blocked.bits == MIN_BLOCK_BITS
+
+
+def test_codec_refuses_means_above_1_bit() -> None:
+    with pytest.raises(ValueError, match='rounding = "means" stores rows at 1 bit'):
+        CompressingCodec(bits=2, rounding="means")
+
+
+@pytest.mark.parametrize(("bits", "want"), [(1, "means"), (2, "stochastic"), (8, "stochastic")])
+def test_exact_auto_rounding_is_means_at_1_bit_and_the_report_says_so(
+    tmp_path: Path, bits: int, want: str
+) -> None:
+    summary = _run(_recipe(tmp_path, '["exact"]', f"bits = {bits}"))
+    assert summary["status"] == "completed"
+    assert summary["plugin_reports"]["exact"]["rounding"] == want
+    assert summary["kernels"]["compress"]
+
+
 def test_codec_rows_narrower_than_min_row_are_blocked_and_never_projected() -> None:
     codec = _codec(bits=2, rp_ratio=4)
     att = torch.rand(500, 4, 1, requires_grad=True)  # GAT's per-edge attention: 4 per row
@@ -337,6 +378,7 @@ def test_exact_composes_with_tango(tmp_path: Path) -> None:
         ("bits = 3", "quant.exact.bits"),
         ("rp_ratio = 3", "rp_ratio"),
         ('rounding = "up"', "rounding"),
+        ('bits = 2\nrounding = "means"', 'rounding = "means" stores two levels a row'),
     ],
 )
 def test_bad_exact_options_are_one_line_errors(tmp_path: Path, extra: str, message: str) -> None:
