@@ -65,7 +65,8 @@ class ExactConfig:
         "auto",
         "stochastic (unbiased, the paper's), nearest (ablation), means (1 bit: each row split "
         "at its mean and stored as its two sides' means; deterministic, under a tenth of "
-        "stochastic rounding's squared error) or auto (means at 1 bit, stochastic above)",
+        "stochastic rounding's squared error) or auto (at 1 bit the means for a tensor with "
+        "no exact zero, stochastic for one with zeros, such as ReLU's; stochastic above)",
     )
     blocked_sage: bool = option(
         True,
@@ -83,15 +84,6 @@ class ExactConfig:
                 f'rounding = "means" stores two levels a row, which is 1 bit, got bits = '
                 f'{self.bits}: set bits = 1, or rounding = "auto", "stochastic" or "nearest"'
             )
-
-    @property
-    def resolved_rounding(self) -> str:
-        """The rounding that runs: ``"auto"`` is the two side means at 1 bit, where
-        stochastic rounding between a row's ends cost GAT 5 points (README, exact), and
-        the paper's unbiased stochastic rounding above."""
-        if self.rounding != "auto":
-            return self.rounding
-        return "means" if self.bits == 1 else "stochastic"
 
 
 # torch functions whose saved float tensor is replaced by a boolean mask
@@ -152,7 +144,7 @@ class ExactPlugin(Plugin):
         self.codec = CompressingCodec(
             bits=config.bits,
             rp_ratio=config.rp_ratio,
-            rounding=config.resolved_rounding,
+            rounding=config.rounding,
             seed=context.seed,
             backend=config.backend,
         )
@@ -226,7 +218,7 @@ class ExactPlugin(Plugin):
         return {
             "bits": self.config.bits,
             "rp_ratio": self.config.rp_ratio,
-            "rounding": self.config.resolved_rounding,
+            "rounding": self.config.rounding,  # saved_tensors.side_means: how many took them
             "saved_tensors": dict(codec.stats),
             "masked_calls": dict(self.masked_calls),
             "fp32_calls": dict(self.fp32_calls),  # losses and softmaxes, saved uncompressed

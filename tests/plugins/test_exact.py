@@ -125,18 +125,44 @@ def test_codec_means_stores_1_bit_rows_at_their_side_means(rp_ratio: int) -> Non
     assert blocked.blocked and blocked.bits == MIN_BLOCK_BITS
 
 
-def test_codec_refuses_means_above_1_bit() -> None:
+def test_codec_refuses_means_above_1_bit_and_unknown_roundings() -> None:
     with pytest.raises(ValueError, match='rounding = "means" stores rows at 1 bit'):
         CompressingCodec(bits=2, rounding="means")
+    with pytest.raises(ValueError, match="rounding must be one of auto, stochastic"):
+        CompressingCodec(bits=2, rounding="up")
 
 
-@pytest.mark.parametrize(("bits", "want"), [(1, "means"), (2, "stochastic"), (8, "stochastic")])
-def test_exact_auto_rounding_is_means_at_1_bit_and_the_report_says_so(
-    tmp_path: Path, bits: int, want: str
+def test_codec_auto_takes_the_means_at_1_bit_for_tensors_without_zeros() -> None:
+    """rounding = "auto" at 1 bit: a dense tensor at its rows' side means; one holding
+    exact zeros (a ReLU's output) stochastically between its rows' ends, so a zero at a
+    row's minimum comes back exactly zero, which the side means would move."""
+    torch.manual_seed(3)
+    dense = torch.randn(300, 64, requires_grad=True)
+    relu = torch.relu(torch.randn(300, 64)).requires_grad_(True)
+    codec = _codec(bits=1, rounding="auto")
+    stored_dense, stored_relu = codec.encode(dense), codec.encode(relu)
+    assert codec.stats["side_means"] == 1
+    means = _codec(bits=1, rounding="means").encode(dense)
+    assert torch.equal(stored_dense.packed, means.packed)
+    back = codec.decode(stored_relu)
+    zeros = relu.detach() == 0
+    assert bool((back[zeros] == 0).all())
+    moved = _codec(bits=1, rounding="means")
+    assert bool((moved.decode(moved.encode(relu))[zeros] != 0).any())
+    assert _codec(bits=2, rounding="auto").encode(dense).bits == 2
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_exact_run_reports_its_rounding_and_how_many_tensors_took_the_means(
+    tmp_path: Path, bits: int
 ) -> None:
     summary = _run(_recipe(tmp_path, '["exact"]', f"bits = {bits}"))
     assert summary["status"] == "completed"
-    assert summary["plugin_reports"]["exact"]["rounding"] == want
+    report = summary["plugin_reports"]["exact"]
+    assert report["rounding"] == "auto"
+    taken = report["saved_tensors"]["side_means"]
+    assert (taken > 0) if bits == 1 else (taken == 0)
+    assert taken < report["saved_tensors"]["quantized"]  # ReLU's outputs hold zeros
     assert summary["kernels"]["compress"]
 
 
