@@ -1,5 +1,5 @@
-// quantize_rows_means on the CPU (front: ops/quantize_rows_means.cpp; the levels:
-// common/row_means.h). Two passes: threads take blocks of rows for their thresholds and
+// quantize_rows_means on the CPU (front: ops/quantize_rows_means.cpp; the levels and the
+// bytes: common/row_means.h). Two passes: threads take blocks of rows for their thresholds and
 // levels (each row read twice from cache: its sum, then its two sides' sums), then
 // contiguous ranges of output bytes, each byte the comparisons of its 8 values with
 // their rows' thresholds. Sums run left to right in float64, so a row's levels are the
@@ -44,24 +44,6 @@ void row_levels(const float* x, int64_t width, int64_t r0, int64_t r1, float* t_
   }
 }
 
-// Bytes [b0, b1) of the packed stream of n values: bit k of byte b is x[8b + k] >= t[row].
-void pack_sides(const float* x, const float* t, int64_t width, int64_t n, int64_t b0, int64_t b1,
-                uint8_t* out) {
-  int64_t i = 8 * b0;
-  int64_t row = i / width, col = i % width;
-  for (int64_t b = b0; b < b1; ++b) {
-    uint32_t byte = 0;
-    for (int k = 0; k < 8 && i < n; ++k, ++i) {
-      byte |= static_cast<uint32_t>(x[i] >= t[row]) << k;
-      if (++col == width) {
-        col = 0;
-        ++row;
-      }
-    }
-    out[b] = static_cast<uint8_t>(byte);
-  }
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_means(const at::Tensor& x_in) {
   const int64_t rows = x_in.size(0), width = x_in.size(1);
   QuantizedRows q = allocate_quantized(x_in.options(), rows, width, 1);
@@ -78,8 +60,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_means(const at::Ten
       2 * width);
   const int64_t n = rows * width;
   auto* out = static_cast<uint8_t*>(q.packed.mutable_data_ptr());
-  parallel_ranges(q.packed.numel(),
-                  [&](int64_t b0, int64_t b1) { pack_sides(xp, tp, width, n, b0, b1, out); });
+  parallel_ranges(q.packed.numel(), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) out[b] = row_means::side_byte(xp, tp, width, n, b);
+  });
   return {q.packed, q.zero, q.range};
 }
 

@@ -1,5 +1,5 @@
-// quantize_rows_means on CUDA (front: ops/quantize_rows_means.cpp; the levels:
-// common/row_means.h). Two kernels: a warp per row sums it in float64 (lanes strided,
+// quantize_rows_means on CUDA (front: ops/quantize_rows_means.cpp; the levels and the
+// bytes: common/row_means.h). Two kernels: a warp per row sums it in float64 (lanes strided,
 // then a shuffle tree), then its two sides, and writes its threshold and levels; then a
 // thread per output byte compares its 8 values with their rows' thresholds. The sums'
 // order is not the CPU's, so a row's levels are the reference's wherever its sums are
@@ -71,17 +71,7 @@ __global__ void __launch_bounds__(kThreads)
                       int64_t n, int64_t nbytes, uint8_t* __restrict__ out) {
   for (int64_t b = blockIdx.x * int64_t{kThreads} + threadIdx.x; b < nbytes;
        b += int64_t{gridDim.x} * kThreads) {
-    int64_t i = 8 * b;
-    int64_t row = i / width, col = i % width;
-    uint32_t byte = 0;
-    for (int k = 0; k < 8 && i < n; ++k, ++i) {
-      byte |= static_cast<uint32_t>(x[i] >= t[row]) << k;
-      if (++col == width) {
-        col = 0;
-        ++row;
-      }
-    }
-    out[b] = static_cast<uint8_t>(byte);
+    out[b] = row_means::side_byte(x, t, width, n, b);
   }
 }
 
