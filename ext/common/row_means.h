@@ -1,6 +1,7 @@
-// The row statistics and the packed bytes of quantize_rows_means (reference: qtrain/quant/rowwise.py), shared
-// by the CPU and CUDA kernels: from a row's float64 sums to its threshold and its two
-// stored levels. Host and device code alike (no intrinsics the two would round apart).
+// The row statistics and the packed bytes of quantize_rows_means (reference:
+// qtrain/quant/rowwise.py), shared by the CPU and CUDA kernels: from a row's float64 sums
+// to its threshold and its two stored levels, and each output byte from the thresholds.
+// Host and device code alike (no intrinsics the two would round apart).
 #pragma once
 
 #include <c10/macros/Macros.h>

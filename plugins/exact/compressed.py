@@ -380,28 +380,26 @@ class CompressingCodec:
         rounding = self._rounding_of(rows, bits)
         if rounding == "means":
             self.stats["side_means"] += 1
-        if k is not None and rounding == "means":  # projected, then split at the means
+        if k is not None:
             offset = self._draw(rows.shape[1] * k)
             projection = (rows.shape[1], k, offset)
-            self._draw(rows.shape[0] * k)  # the stream advances as stochastic rounding's
-            matrix = compress.rademacher(
-                rows.shape[1], k, self.seed, offset, self.backend, device=rows.device
-            )
-            packed, zero, rng = compress.quantize_rows_means(rows @ matrix, self.backend)
-            self.stats["projected"] += 1
-        elif k is not None:  # one pass: the projected tensor is never materialized
-            offset = self._draw(rows.shape[1] * k)
-            projection = (rows.shape[1], k, offset)
-            packed, zero, rng = compress.project_quantize_rows(
-                rows,
-                k,
-                self.bits,
-                rounding,
-                self.seed,
-                self._draw(rows.shape[0] * k),
-                offset,
-                self.backend,
-            )
+            quantize_offset = self._draw(rows.shape[0] * k)
+            if rounding == "means":  # projected by the regenerated matrix, then split
+                matrix = compress.rademacher(
+                    rows.shape[1], k, self.seed, offset, self.backend, device=rows.device
+                )
+                packed, zero, rng = compress.quantize_rows_means(rows @ matrix, self.backend)
+            else:  # one pass: the projected tensor is never materialized
+                packed, zero, rng = compress.project_quantize_rows(
+                    rows,
+                    k,
+                    self.bits,
+                    rounding,
+                    self.seed,
+                    quantize_offset,
+                    offset,
+                    self.backend,
+                )
             self.stats["projected"] += 1
         else:
             k = rows.shape[1]

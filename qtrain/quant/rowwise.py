@@ -135,6 +135,12 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous()
 
 
+def _no_codes(rows: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The codes of rows with no values: no packed bytes, zero points and ranges of 0."""
+    empty16 = torch.zeros(rows, dtype=torch.bfloat16, device=device)
+    return torch.zeros(0, dtype=torch.uint8, device=device), empty16, empty16.clone()
+
+
 def quantize_rows(
     x: torch.Tensor,
     bits: int,
@@ -150,8 +156,7 @@ def quantize_rows(
     check_counter_range(x.numel(), offset)
     rows, width = x.shape
     if rows == 0 or width == 0:
-        empty16 = torch.zeros(rows, dtype=torch.bfloat16, device=x.device)
-        return torch.zeros(0, dtype=torch.uint8, device=x.device), empty16, empty16.clone()
+        return _no_codes(rows, x.device)
     levels = (1 << bits) - 1
     zero = bf16_floor(x.amin(dim=1))
     zero32 = zero.to(torch.float32)
@@ -195,10 +200,11 @@ def quantize_rows_means(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     x = _as_rows(x)
     rows, width = x.shape
     if rows == 0 or width == 0:
-        empty16 = torch.zeros(rows, dtype=torch.bfloat16, device=x.device)
-        return torch.zeros(0, dtype=torch.uint8, device=x.device), empty16, empty16.clone()
+        return _no_codes(rows, x.device)
     x64 = x.to(torch.float64)
-    t = (x64.sum(1) / width).to(torch.float32)
+    sums = x64.sum(1)
+    # tensor / tensor: a correctly rounded division (a scalar divisor may become a reciprocal)
+    t = (sums / torch.full_like(sums, width)).to(torch.float32)
     high = x >= t[:, None]
     n_high = high.sum(1)
     n_low = width - n_high
