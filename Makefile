@@ -31,11 +31,16 @@ $(BUILT): $(DEPS) $(EXT_SOURCES)
 run: $(BUILT)
 	$(BIN)/qtrain compare qtrain.toml --seeds 2
 
+# pytest-xdist: a worker per logical CPU, each with its share of the cores (tests/conftest.py),
+# idle workers taking queued tests from busy ones; PYTEST_WORKERS=0 runs in this process
+PYTEST_WORKERS ?= logical
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
+
 test: $(BUILT)
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-fast: $(BUILT)
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: $(DEPS)
 	$(BIN)/ruff check .

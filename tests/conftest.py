@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import signal
 import statistics
@@ -13,8 +15,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+# Under pytest-xdist (``make test``) each worker gets its share of the cores: torch's and
+# DGL's OpenMP pools read this when they load, so it is set before torch is imported. Two
+# workers of two threads each on two cores would spend the second thread waiting.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+
 import pytest
 import torch
+from filelock import FileLock
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -110,31 +120,43 @@ class ExampleRuns:
     """Runs an example recipe once per seed and remembers the summaries for the session.
 
     The accuracy tests compare variants against FP32 with the same seeds; the
-    FP32 runs are shared between them instead of being repeated per file.
+    FP32 runs are shared between them instead of being repeated per file. The
+    summaries are kept as JSON in ``shared``, a folder every pytest-xdist worker of
+    the session sees: a run one worker made is read by the others, and a worker
+    that needs a run another is making waits for it (a lock per run).
     """
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, shared: Path) -> None:
         self.out_dir = out_dir
+        self.shared = shared
         self._done: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
 
     def summaries(self, example: str, overrides: list[str]) -> list[dict[str, Any]]:
+        key = (example, tuple(overrides))
+        if key not in self._done:
+            self._done[key] = [self._summary(example, overrides, seed) for seed in SEEDS]
+        return self._done[key]
+
+    def _summary(self, example: str, overrides: list[str], seed: int) -> dict[str, Any]:
+        """The run's summary as JSON holds it (the same types whichever worker ran it)."""
         from qtrain.recipe import load_recipe
         from qtrain.runner import execute
         from qtrain.train.progress import Reporter
 
-        key = (example, tuple(overrides))
-        if key not in self._done:
-            found = []
-            for seed in SEEDS:
+        digest = hashlib.sha256(json.dumps([example, overrides, seed]).encode()).hexdigest()
+        path = self.shared / f"{example}-{digest[:16]}.json"
+        with FileLock(f"{path}.lock"):
+            if not path.exists():
                 recipe = load_recipe(
                     ROOT / "examples" / f"{example}.toml",
                     overrides=[*overrides, f"train.seed={seed}", f"output.dir={self.out_dir}"],
                 )
                 summary = execute(recipe, reporter=Reporter())
                 assert summary["status"] == "completed", summary.get("error")
-                found.append(summary)
-            self._done[key] = found
-        return self._done[key]
+                written = path.with_suffix(".tmp")
+                written.write_text(json.dumps(summary, default=str))
+                written.replace(path)
+            return json.loads(path.read_text())
 
     def accuracies(self, example: str, overrides: list[str]) -> list[float]:
         """Test accuracy in percent at the best validation epoch, one per seed."""
@@ -146,11 +168,17 @@ class ExampleRuns:
 
 @pytest.fixture(scope="session")
 def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleRuns]:
-    """Seeded runs of the example recipes on the real Planetoid data, shared by the session."""
+    """Seeded runs of the example recipes on the real Planetoid data, shared by the session
+    (by all its pytest-xdist workers: their temporary folders share a parent)."""
     patch = pytest.MonkeyPatch()
     patch.setenv("QTRAIN_DATA_DIR", str(PLANETOID_DATA))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        shared = tmp_path_factory.getbasetemp().parent / "example-summaries"
+        shared.mkdir(exist_ok=True)
+    else:
+        shared = tmp_path_factory.mktemp("example-summaries")
     try:
-        yield ExampleRuns(tmp_path_factory.mktemp("example-runs"))
+        yield ExampleRuns(tmp_path_factory.mktemp("example-runs"), shared)
     finally:
         patch.undo()
 
