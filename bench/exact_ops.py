@@ -8,7 +8,8 @@ projection as separate dense products (forward ``x @ R``, backward
 ``y @ R^T``, and in bf16 with the conversion) for comparison, and ReLU /
 dropout backward from a packed 1-bit mask
 (``masked_scale``) against torch's ``threshold_backward`` and ``torch.where``
-on a bool mask. The cases run round robin, one call of each per round with the
+on a bool mask, and exact's two 1-bit codecs (the side means,
+``quantize_rows_means``, against stochastic rounding, ``quantize_rows`` at 1 bit). The cases run round robin, one call of each per round with the
 order rotated, every call timed by ``torch.utils.benchmark.Timer``
 (``bench/_timing.py``): medians of ``--repeat`` rounds after four warm-up rounds
 (``median_ms``), with their interquartile range (``iqr_ms``); every call allocates its
@@ -84,6 +85,11 @@ def main() -> int:
         f"unfused: projection y @ R^T [{k} -> {args.width}]": lambda: y @ r.t(),
         "unfused: projection x @ R, bf16 operands already converted": lambda: xb @ rb,
         "x to bf16": lambda: x.bfloat16(),
+        # exact's two 1-bit codecs (rounding = "means" / "stochastic"), same input and format
+        f"INT1 rows: side means [{args.rows}, {args.width}]": lambda: compress.quantize_rows_means(
+            x
+        ),
+        f"INT1 rows: stochastic [{args.rows}, {args.width}]": lambda: compress.quantize_rows(x, 1),
         "ReLU backward: masked_scale from packed bits": lambda: compress.masked_scale(
             grad, mask_bits, 1.0
         ),

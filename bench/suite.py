@@ -475,25 +475,36 @@ def cases_exact(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-# exact_ops.py's names carry the shapes; these prefixes find them
+# exact_ops.py's names carry the shapes; these prefixes find them: (row, mine, the baseline's
+# parts, what the baseline is, its column)
 OPS = (
     (
         "RP 8 + INT2 compress: fused project + quantize",
         "fused project + quantize",
         ("unfused: projection x @ R [", "unfused: quantize rows"),
         "unfused: x @ R, then quantize",
+        "torch / unfused",
     ),
     (
         "RP 8 + INT2 decompress: fused dequantize + project back",
         "fused dequantize + project back",
         ("unfused: projection y @ R^T",),
         "unfused: y @ R^T alone",
+        "torch / unfused",
+    ),
+    (
+        "INT1 compress: side means (quantize_rows_means)",
+        "INT1 rows: side means",
+        ("INT1 rows: stochastic",),
+        "stochastic rounding (quantize_rows, 1 bit)",
+        "INT1 stochastic",
     ),
     (
         "ReLU backward: masked_scale from packed 1-bit mask",
         "ReLU backward: masked_scale",
         ("ReLU backward: torch threshold_backward",),
         "torch threshold_backward",
+        "torch / unfused",
     ),
 )
 
@@ -506,7 +517,7 @@ def cases_exact_ops(raw: dict[str, Any]) -> list[dict[str, Any]]:
         return next((v for k, v in table.items() if k.startswith(prefix)), None)
 
     out = []
-    for name, mine, theirs, base_name in OPS:
+    for name, mine, theirs, base_name, column in OPS:
         parts = [find(p, times) for p in theirs]
         base = None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
         out.append(
@@ -516,7 +527,7 @@ def cases_exact_ops(raw: dict[str, Any]) -> list[dict[str, Any]]:
                 "median time",
                 "ms",
                 find(mine, times),
-                "torch / unfused",
+                column,
                 base,
                 None,
                 value_iqr=find(mine, spreads),

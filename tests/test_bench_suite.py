@@ -110,6 +110,8 @@ EXACT_OPS = {
         "fused dequantize + project back INT2 [32 -> 256]": 30.0,
         "ReLU backward: masked_scale from packed bits": 15.0,
         "ReLU backward: torch threshold_backward": 60.0,
+        "INT1 rows: side means [169343, 256]": 9.0,
+        "INT1 rows: stochastic [169343, 256]": 6.0,
     },
     "iqr_ms": {
         "fused project + quantize INT2 [256 -> 32]": 1.0,
@@ -275,6 +277,8 @@ def test_ratios_are_baseline_over_value(suite: Any) -> None:
     fused = _find(cases, "exact-ops", "RP 8 + INT2 compress", "torch / unfused")
     assert (fused["baseline"], fused["ratio"]) == (40.0, 2.0)  # x @ R + quantize, measured
     assert _find(cases, "exact-ops", "ReLU backward", "torch / unfused")["ratio"] == 4.0
+    means = _find(cases, "exact-ops", "INT1 compress: side means", "INT1 stochastic")
+    assert (means["value"], means["baseline"]) == (9.0, 6.0)
 
     cap = _find(cases, "exact-capacity", "SAGE 2 x 16 full graph, 6 GiB budget", "FP32")
     assert cap["value"] == pytest.approx(4.6) and cap["baseline"] == pytest.approx(6.01)
