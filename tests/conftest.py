@@ -142,6 +142,7 @@ class ExampleRuns:
         from qtrain.recipe import load_recipe
         from qtrain.runner import execute
         from qtrain.train.progress import Reporter
+        from qtrain.train.rundir import to_json, write_atomic
 
         digest = hashlib.sha256(json.dumps([example, overrides, seed]).encode()).hexdigest()
         path = self.shared / f"{example}-{digest[:16]}.json"
@@ -153,9 +154,7 @@ class ExampleRuns:
                 )
                 summary = execute(recipe, reporter=Reporter())
                 assert summary["status"] == "completed", summary.get("error")
-                written = path.with_suffix(".tmp")
-                written.write_text(json.dumps(summary, default=str))
-                written.replace(path)
+                write_atomic(path, to_json(summary))  # as the run's summary.json is written
             return json.loads(path.read_text())
 
     def accuracies(self, example: str, overrides: list[str]) -> list[float]:
