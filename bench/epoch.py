@@ -19,6 +19,7 @@ against FP32 (``speedup_vs_fp32_iqr``): the spread of the comparison itself.
     python bench/epoch.py --variants fp32 tango-row tango-block --bits 4   # per row / node blocks
     python bench/epoch.py --variants tango-8 tango-4 tango-4-int8 tango-2 --baseline tango-8
     python bench/epoch.py --variants tango-8 tango-4 --baseline tango-8 --repeat 8 --settle 1
+    python3 bench/epoch.py --device cuda --variants fp32 tango-8 tango-4 --baseline tango-8
 
 ``tango-B`` is tango at B bits whatever ``--bits`` says, ``tango-B-int8`` the same with
 ``packed = false`` (issue 32: below 5 bits tango stores its operands two values a byte;
@@ -46,6 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _checkout  # noqa: F401  (qtrain from this checkout)
 import torch
 from _record import write_json
 from _timing import interleaved
@@ -87,6 +89,13 @@ def epochs_count(text: str) -> int:
     return n
 
 
+def device_name(text: str) -> str:
+    """A ``train.device`` value (argparse's type: refused in one line otherwise)."""
+    if text in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"use 'cpu', 'cuda', 'cuda:N' or 'auto', not {text!r}")
+
+
 def variant(name: str) -> str:
     """``name`` if it names a variant (argparse's check), else ValueError."""
     if name in NAMED_VARIANTS or BITS_VARIANT.fullmatch(name):
@@ -112,11 +121,11 @@ def _session(name: str, model: Any, bits: int, seed: int) -> Any:
 
 
 @contextlib.contextmanager
-def _entered(session: Any) -> Iterator[None]:
+def _entered(session: Any, device_type: str = "cpu") -> Iterator[None]:
     if session is None:
         yield
     elif session == "bf16":
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
             yield
     else:
         with session:
@@ -132,6 +141,7 @@ def bench_model(
     planetoid_root: Path | None = None,
     settle: int = 0,
     baseline: str | None = None,
+    device_name: str = "cpu",
 ) -> dict[str, Any]:
     """Every variant's epochs, interleaved: one epoch each per round, the order rotated.
 
@@ -147,12 +157,10 @@ def bench_model(
     tango measured 0.79x FP32 with one settling epoch, 1.02x with five and 1.04x in
     blocks of ten epochs per entry.
     """
-    root = (
-        [f"dataset.root={json.dumps(str(planetoid_root))}"]
-        if key in PLANETOID and planetoid_root
-        else []
-    )
-    recipe = load_recipe(ROOT / MODELS[key], root)
+    overrides = [f"train.device={json.dumps(device_name)}"]
+    if key in PLANETOID and planetoid_root:
+        overrides.append(f"dataset.root={json.dumps(str(planetoid_root))}")
+    recipe = load_recipe(ROOT / MODELS[key], overrides)
     from qtrain.errors import DatasetError
     from qtrain.ops import dispatch
 
@@ -175,7 +183,7 @@ def bench_model(
         usable = {}
         for name, epoch in epochs.items():  # one untimed epoch: does the variant run at all
             try:
-                with _entered(sessions[name]):
+                with _entered(sessions[name], device.type):
                     epoch()
                 usable[name] = epoch
             except Exception as exc:  # e.g. a DGL kernel without bf16 support
@@ -184,7 +192,7 @@ def bench_model(
 
         @contextlib.contextmanager
         def around(name: str) -> Iterator[None]:
-            with _entered(sessions[name]):
+            with _entered(sessions[name], device.type):
                 for _ in range(settle):
                     epochs[name]()
                 dispatch.reset()
@@ -243,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gcn", "gat"], choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--device",
+        type=device_name,
+        default="cpu",
+        help="train.device for every recipe: 'cpu', 'cuda' (qtrain's device route) or 'auto'",
+    )
     parser.add_argument("--bits", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5)
@@ -297,9 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name()
+        if args.device != "cpu" and torch.cuda.is_available()
+        else None,
         "models": {},
     }
-    print(f"epoch benchmark, {args.threads} threads, tango at {args.bits} bits", flush=True)
+    print(
+        f"epoch benchmark on {args.device}, {args.threads} threads, tango at {args.bits} bits",
+        flush=True,
+    )
     for key in args.models:
         small = key in SMALL
         results["models"][key] = bench_model(
@@ -311,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             args.planetoid_root,
             settle=args.small_settle if small else args.settle,
             baseline=args.baseline,
+            device_name=args.device,
         )
     print()
     print(
@@ -364,4 +386,9 @@ def print_against(models: dict[str, Any], baseline: str) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from qtrain.errors import RecipeError
+
+    try:
+        raise SystemExit(main())
+    except RecipeError as exc:  # e.g. --device cuda where torch sees no GPU
+        raise SystemExit(f"epoch.py: {exc}") from None

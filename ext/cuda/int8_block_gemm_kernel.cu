@@ -3,12 +3,17 @@
 //
 // "tn" with one scale per block of `block` k for each column of qa [K, M] and qb [K, N]:
 // C[m, n] = sum over blocks b, in order, of fl32(float(acc_b) * fl32(sa[b, m] * sb[b, n])).
-// A CUDA block owns a 64 x 64 tile of C, 256 threads of 4 x 4 outputs each; it walks the
-// k blocks in order, staging 16 k at a time of both operands' 64 columns in shared memory,
-// sums each k block exactly in int32 and adds its term in float32 (--fmad=false: no
-// contraction), into its group's sum, the groups' sums added in order
-// (common/block_gemm.h), as the reference and the CPU kernel do: bit for bit the
-// reference's for any launch. Plain int32 multiply-adds: the
+// A CUDA block owns a 64 x 64 tile of C and one group of k blocks (common/block_gemm.h;
+// blockIdx.z), 256 threads of 4 x 4 outputs each; it walks its group's k blocks in order,
+// staging 16 k at a time of both operands' 64 columns in shared memory, sums each k block
+// exactly in int32 and adds its term in float32 (--fmad=false: no contraction) into the
+// group's sum, which it writes to its slice of a [groups, M, N] workspace (C itself when
+// there is one group); a second kernel adds the groups' sums in group order. The same
+// additions in the same order as the reference and the CPU kernel: bit for bit the
+// reference's for any launch. The groups are what spreads the work over the GPU: a weight
+// gradient's [256, 256] output is 16 tiles, which one CUDA block each walking all 169,343 k
+// of synthetic-arxiv left on 16 of an H200's 132 multiprocessors (20 ms a call, measured
+// 2026-12-01). Plain int32 multiply-adds: the
 // tensor-core path of int8_gemm (cuda/gemm.cuh) has no per-k-block epilogue yet. An operand
 // stored packed (uint8, two 4-bit values a byte) is read a nibble at a time as it is staged.
 #include <ATen/ops/empty.h>
@@ -45,21 +50,22 @@ __global__ void __launch_bounds__(kThreads)
     block_gemm_kernel(const void* __restrict__ a, const void* __restrict__ b,
                       const float* __restrict__ sa, const float* __restrict__ sb, int64_t K,
                       int64_t M, int64_t N, int64_t block, int64_t groups,
-                      float* __restrict__ c) {
+                      float* __restrict__ sums) {
   __shared__ int32_t as[kStage][kTile];
   __shared__ int32_t bs[kStage][kTile];
   const int tx = threadIdx.x % (kTile / kPer), ty = threadIdx.x / (kTile / kPer);
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  float out[kPer][kPer] = {};
-  float part[kPer][kPer];
+  const int64_t group = blockIdx.z;
   const int64_t blocks = (K + block - 1) / block;
-  int64_t group = 0, group_end = blocks / groups;  // blocks [blocks * g / G, blocks * (g + 1) / G)
+  // the group's blocks [blocks * g / G, blocks * (g + 1) / G), as common/block_gemm.h cuts them
+  const int64_t first = blocks * group / groups, last = blocks * (group + 1) / groups;
+  float part[kPer][kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i)
 #pragma unroll
     for (int j = 0; j < kPer; ++j) part[i][j] = 0.0f;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
+  for (int64_t blk = first; blk < last; ++blk) {
     const int64_t k0 = blk * block, k1 = min(K, k0 + block);
     int32_t acc[kPer][kPer] = {};
     for (int64_t ks = k0; ks < k1; ks += kStage) {
@@ -94,26 +100,29 @@ __global__ void __launch_bounds__(kThreads)
                                __fmul_rn(static_cast<float>(acc[i][j]), __fmul_rn(fa, fb)));
       }
     }
-    if (blk + 1 == group_end) {  // the group's sum joins the total (the first one is it)
-#pragma unroll
-      for (int i = 0; i < kPer; ++i)
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) {
-          out[i][j] = group == 0 ? part[i][j] : __fadd_rn(out[i][j], part[i][j]);
-          part[i][j] = 0.0f;
-        }
-      ++group;
-      group_end = blocks * (group + 1) / groups;
-    }
   }
+  float* out = sums + group * M * N;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int64_t m = m0 + ty * kPer + i;
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int64_t n = n0 + tx * kPer + j;
-      if (m < M && n < N) c[m * N + n] = out[i][j];
+      if (m < M && n < N) out[m * N + n] = part[i][j];
     }
+  }
+}
+
+// c[i] = the groups' sums of element i added in group order: sums[0][i] + sums[1][i] + ...
+__global__ void __launch_bounds__(kThreads)
+    add_groups_kernel(const float* __restrict__ sums, int64_t groups, int64_t size,
+                      float* __restrict__ c) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < size;
+       i += stride) {
+    float total = sums[i];
+    for (int64_t g = 1; g < groups; ++g) total = __fadd_rn(total, sums[g * size + i]);
+    c[i] = total;
   }
 }
 
@@ -134,16 +143,25 @@ at::Tensor int8_block_gemm(const at::Tensor& qa_in, const at::Tensor& qb_in,
   const at::Tensor sa = scale_a_in.contiguous();
   const at::Tensor sb = scale_b_in.contiguous();
   at::Tensor out = at::empty({M, N}, opts);
-  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m));
+  // at most 16 groups (grid.z), and [groups, M, N] float32 at most 64 MiB (block_gemm.h)
+  const int64_t groups = block_gemm_groups((K + block - 1) / block, M, N);
+  at::Tensor sums = groups == 1 ? out : at::empty({groups, M, N}, opts);
+  const dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m),
+                  static_cast<unsigned>(groups));
   const bool a_packed = qa.scalar_type() == at::kByte, b_packed = qb.scalar_type() == at::kByte;
   auto kernel = a_packed
                     ? (b_packed ? block_gemm_kernel<true, true> : block_gemm_kernel<true, false>)
                     : (b_packed ? block_gemm_kernel<false, true> : block_gemm_kernel<false, false>);
-  kernel<<<grid, kThreads, 0, current_stream()>>>(
-      qa.const_data_ptr(), qb.const_data_ptr(), sa.const_data_ptr<float>(),
-      sb.const_data_ptr<float>(), K, M, N, block,
-      block_gemm_groups((K + block - 1) / block, M, N), out.mutable_data_ptr<float>());
+  const cudaStream_t stream = current_stream();
+  kernel<<<grid, kThreads, 0, stream>>>(qa.const_data_ptr(), qb.const_data_ptr(),
+                                        sa.const_data_ptr<float>(), sb.const_data_ptr<float>(), K,
+                                        M, N, block, groups, sums.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (groups > 1) {
+    add_groups_kernel<<<grid_for(M * N, kThreads), kThreads, 0, stream>>>(
+        sums.const_data_ptr<float>(), groups, M * N, out.mutable_data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return out;
 }
 
