@@ -50,9 +50,6 @@ from qtrain.plugins.tango.functions import (
 from qtrain.plugins.tango.lineage import TABLE as ROW_SCALE_FUNCTIONS
 from qtrain.plugins.tango.lineage import RowScaled
 from qtrain.plugins.tango.policy import (
-    COLUMNS,
-    NODE_BLOCKS,
-    ROWS,
     NonFiniteOperand,
     QuantPolicy,
     resolve_scales,
@@ -60,7 +57,7 @@ from qtrain.plugins.tango.policy import (
 
 from qtrain.config import option
 from qtrain.errors import PluginError
-from qtrain.ops import compress, dispatch, masks
+from qtrain.ops import dispatch, masks
 from qtrain.ops.graph import graph_csr
 from qtrain.ops.typed import RowsByType, offsets_from_lengths
 from qtrain.plugin import (
@@ -268,8 +265,7 @@ class TangoPlugin(Plugin):
         self._stack = contextlib.ExitStack()
         self.fallbacks: dict[str, int] = {}
         self.keyed_dropout_calls = 0
-        self.dropout = FusedDropout(context.seed, config.backend, self._dropped_input)
-        self.dropped_inputs = 0  # dropout outputs whose int8 came from the cached input's
+        self.dropout = FusedDropout(context.seed, config.backend)
         self.row_scaled = RowScaled()
 
     # ------------------------------------------------------------ activation
@@ -315,31 +311,6 @@ class TangoPlugin(Plugin):
 
     def _count_keyed_dropout(self) -> None:
         self.keyed_dropout_calls += 1
-
-    def _dropped_input(
-        self, x: torch.Tensor, out: torch.Tensor, packed: torch.Tensor, p: float
-    ) -> None:
-        """Dropout of a step input (GAT's features): the output's int8 is the input's,
-        quantized once per run, times the mask, with the scale over (1 - p). Exact for
-        the same scale: q(x) * mask * s / (1 - p) = q(x * mask / (1 - p)). With one scale
-        per row, the columns (the weight gradient's operand) too: x's column scale is at
-        least what the dropped-out column needs."""
-        policy = self.policy
-        if policy is None or policy.cache is None or not x.is_leaf or not policy.constant(x):
-            return
-        kinds: tuple[str, ...] = (ROWS,)
-        if x.dim() == 2 and policy.scales == "row":
-            kinds = (ROWS, COLUMNS)
-        elif x.dim() == 2 and policy.scales == "block" and not policy.rotation:
-            kinds = (ROWS, NODE_BLOCKS)
-        kept = compress.unpack_mask(packed, x.numel(), self.config.backend).view(x.shape)
-        for by in kinds:
-            try:
-                qx, sx = policy.cached(x, by=by)
-            except NonFiniteOperand:
-                return  # the product that reads out goes float32 on its own
-            policy.store(out, (qx * kept, sx / (1.0 - p)), by)
-        self.dropped_inputs += 1
 
     def deactivate(self) -> None:
         self._stack.close()
@@ -697,8 +668,6 @@ class TangoPlugin(Plugin):
             # dropout calls run fused with a 1-bit mask: qtrain's node-keyed ones, torch's
             # dense products that took a row-scaled input unscaled (its int8 copy cached)
             "row_scaled_inputs": self.row_scaled.used,
-            # dropped-out step inputs whose int8 came from the input's cached copy
-            "dropped_inputs": self.dropped_inputs,
             "packed_dropout_calls": {
                 "keyed": self.keyed_dropout_calls,
                 "torch": self.dropout.calls,

@@ -17,7 +17,8 @@ the gradient, what training consumes, reads high for both at 4 bits (0.28, 0.30)
 ``criterion = "gradient"`` (the default) picks on it; README "Choosing the bit count"
 has what it picked and what those runs measured.
 
-The forward draws dropout masks; the generator state is restored afterwards, and
+The forward draws dropout masks; the generators' state and the keyed dropout
+streams are restored afterwards, and
 the parameters' gradients are left as they were, so a run that calibrates trains
 exactly like one told the chosen count.
 """
@@ -35,6 +36,7 @@ from qtrain.plugins.tango.policy import UNSIGNED_MAX_BITS, resolve_scales, rotat
 
 from qtrain.data.base import FEAT, LABEL, TRAIN_MASK
 from qtrain.errors import QtrainError
+from qtrain.models.dropout import preserved_dropout_steps
 from qtrain.ops import dispatch
 from qtrain.ops.quantize import quantize, quantize_per_row
 from qtrain.ops.rotate import hadamard_rotate
@@ -109,7 +111,7 @@ def _step_gradient(
     for p in params:
         p.grad = None
     try:
-        with _preserved_rng(), torch.enable_grad():
+        with _preserved_rng(model), torch.enable_grad():
             loss(model(graph, feat)).backward()
         return torch.cat(
             [
@@ -186,11 +188,13 @@ class _Captured(Exception):
 
 
 @contextlib.contextmanager
-def _preserved_rng() -> Iterator[None]:
+def _preserved_rng(model: Any) -> Iterator[None]:
+    """torch's generators and ``model``'s keyed dropout streams, as they were before."""
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
-        yield
+        with preserved_dropout_steps(model):
+            yield
     finally:
         torch.set_rng_state(cpu)
         if cuda is not None:
@@ -215,7 +219,7 @@ def first_layer_output(model: Any, graph: Any, device: torch.device | None = Non
     handle = layers[0].register_forward_hook(grab)
     try:
         model.train()
-        with _preserved_rng(), torch.no_grad(), contextlib.suppress(_Captured):
+        with _preserved_rng(model), torch.no_grad(), contextlib.suppress(_Captured):
             model(graph, feat)
     finally:
         handle.remove()

@@ -29,17 +29,12 @@ _MIX = 0xD1B54A32D192ED03  # odd 64-bit constants: spread (seed, call) over the 
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-# told (input, output, packed keep-mask, p) after each fused call
-OnDropped = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], None]
-
-
 class FusedDropout:
     """``F.dropout`` calls in training mode, each from its own counter stream; counts them."""
 
-    def __init__(self, seed: int, backend: str, on_dropped: OnDropped | None = None) -> None:
+    def __init__(self, seed: int, backend: str) -> None:
         self.key = (int(seed) + 1) * _MIX % 2**64
         self.backend = backend
-        self.on_dropped = on_dropped
         self.calls = 0  # calls drawn so far: the stream's position (saved with a checkpoint)
 
     def function(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,7 +65,4 @@ class FusedDropout:
         self.calls += 1
         rows = torch.arange(x.shape[0], device=x.device)
         packed = masks.keep_mask(rows, x[0].numel(), p, seed, self.backend)
-        out = masks.PackedMaskDropout.apply(x, packed, 1.0 / (1.0 - p), self.backend)
-        if self.on_dropped is not None:
-            self.on_dropped(x, out, packed, p)
-        return out
+        return masks.PackedMaskDropout.apply(x, packed, 1.0 / (1.0 - p), self.backend)

@@ -12,6 +12,8 @@ float mask for backward; under the exact plugin, a 1-bit packed one.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -77,3 +79,17 @@ class NodeDropout(nn.Module):
         self.calls += 1
         ids = row_ids(graph, h.shape[0], h.device)
         return masks.keyed_dropout(h, ids, self.p, seed)
+
+
+@contextlib.contextmanager
+def preserved_dropout_steps(model: nn.Module) -> Iterator[None]:
+    """Inside, ``model``'s keyed dropout may draw; afterwards each module's stream is back
+    where it was, so a forward run aside (calibration) leaves the masks of training as
+    they would have been."""
+    modules = [m for m in model.modules() if isinstance(m, NodeDropout)]
+    calls = [m.calls for m in modules]
+    try:
+        yield
+    finally:
+        for m, n in zip(modules, calls, strict=True):
+            m.calls = n

@@ -892,31 +892,37 @@ def test_a_session_entered_again_keeps_its_stream_and_its_int8_features() -> Non
     assert policy._offset > offset
 
 
-def test_dropped_out_features_take_their_int8_from_the_features_quantized_once() -> None:
-    """GAT's feat_drop makes a new tensor every step; its int8 is the features' (quantized
-    once per run) times the mask, with the scale over 1 - p, and dequantizes to it."""
-    g = _graph(60, 300)
-    conv = GATConv(48, 4, num_heads=2, feat_drop=0.5).train()
-    x = torch.rand(g.num_nodes(), 48)
-    with qtrain.patch("tango", rounding="nearest") as session:
-        policy = session.plugins[0].policy
-        made = _count_quantized_shapes(policy)
-        for _ in range(3):
-            conv(g, x).sum().backward()
-        dropped = torch.nn.functional.dropout(x, 0.5)  # the same path, kept to look at
-        q, s = policy.cached(dropped)
-        qc, sc = policy.cached(dropped, by="columns")  # the weight gradient's operand
-    assert _once_each(made, (60, 48))  # the features, once; never a dropped-out copy
-    assert session.report()["tango"]["dropped_inputs"] == 4
-    assert bool((q[dropped == 0] == 0).all())  # what dropout zeroed is 0 in the int8 too
-    assert _rel(q.float() * s, dropped) < 0.01
-    assert sc.shape == (1, 48) and bool((qc[dropped == 0] == 0).all())
-    assert _rel(qc.float() * sc, dropped) < 0.01
+def test_builtin_gat_drops_what_an_fp32_step_with_its_seed_drops() -> None:
+    """qtrain's GAT draws its feature and attention dropout keyed by node and edge (not
+    torch's generator, as GATConv's own nn.Dropout would): a tango step zeroes exactly the
+    elements an FP32 step of the same seeded model zeroes, so the two train on the same
+    masks, and tango saves them packed (its keyed path, never the torch one)."""
+    from qtrain.models.dropout import NodeDropout
+    from qtrain.models.gat import GAT, GATOptions
 
+    g = _graph(50, 200)
+    x = torch.rand(g.num_nodes(), 12) + 0.1  # no zero of its own: a zero is dropout's
 
-def test_dropout_of_an_activation_is_quantized_as_before() -> None:
-    """Only a step input (a leaf without gradient) takes the features' int8."""
-    with qtrain.patch("tango") as session:
-        h = torch.rand(30, 8, requires_grad=True) * 2.0
-        torch.nn.functional.dropout(h, 0.5)
-        assert session.report()["tango"]["dropped_inputs"] == 0
+    def zeros(quantized: bool) -> tuple[list[torch.Tensor], dict[str, int] | None]:
+        torch.manual_seed(3)
+        model = GAT(12, 3, GATOptions(hidden=4, heads=2, dropout=0.5, attn_dropout=0.5))
+        drops = [m for m in model.modules() if isinstance(m, NodeDropout)]
+        assert len(drops) == 3  # the features' and each layer's attention
+        seen: list[torch.Tensor] = []
+        for m in drops:
+            m.register_forward_hook(lambda _m, _a, out: seen.append(out.detach() == 0))
+        graph = model.prepare_graph(g)
+        model.train()
+        if not quantized:
+            model(graph, x).sum().backward()
+            return seen, None
+        with qtrain.patch("tango") as session:
+            model(graph, x).sum().backward()
+            return seen, session.report()["tango"]["packed_dropout_calls"]
+
+    fp32, _ = zeros(False)
+    tango, calls = zeros(True)
+    assert len(fp32) == len(tango) == 4  # features and attention, each of 2 layers
+    for a, b in zip(fp32, tango, strict=True):
+        assert a.any() and torch.equal(a, b)
+    assert calls == {"keyed": 4, "torch": 0}
