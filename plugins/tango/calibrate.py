@@ -17,10 +17,9 @@ the gradient, what training consumes, reads high for both at 4 bits (0.28, 0.30)
 ``criterion = "gradient"`` (the default) picks on it; README "Choosing the bit count"
 has what it picked and what those runs measured.
 
-The forward draws dropout masks; the generators' state and the keyed dropout
-streams are restored afterwards, and
-the parameters' gradients are left as they were, so a run that calibrates trains
-exactly like one told the chosen count.
+The forward draws dropout masks; torch's generators and the model's keyed dropout
+streams are put back afterwards, and the parameters' gradients are left as they were,
+so a run that calibrates trains exactly like one told the chosen count.
 """
 
 from __future__ import annotations
@@ -111,7 +110,7 @@ def _step_gradient(
     for p in params:
         p.grad = None
     try:
-        with _preserved_rng(model), torch.enable_grad():
+        with _preserved_streams(model), torch.enable_grad():
             loss(model(graph, feat)).backward()
         return torch.cat(
             [
@@ -188,7 +187,7 @@ class _Captured(Exception):
 
 
 @contextlib.contextmanager
-def _preserved_rng(model: Any) -> Iterator[None]:
+def _preserved_streams(model: Any) -> Iterator[None]:
     """torch's generators and ``model``'s keyed dropout streams, as they were before."""
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -219,7 +218,7 @@ def first_layer_output(model: Any, graph: Any, device: torch.device | None = Non
     handle = layers[0].register_forward_hook(grab)
     try:
         model.train()
-        with _preserved_rng(model), torch.no_grad(), contextlib.suppress(_Captured):
+        with _preserved_streams(model), torch.no_grad(), contextlib.suppress(_Captured):
             model(graph, feat)
     finally:
         handle.remove()
