@@ -90,10 +90,17 @@ def epochs_count(text: str) -> int:
 
 
 def device_name(text: str) -> str:
-    """A ``train.device`` value (argparse's type: refused in one line otherwise)."""
-    if text in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", text):
-        return text
-    raise argparse.ArgumentTypeError(f"use 'cpu', 'cuda', 'cuda:N' or 'auto', not {text!r}")
+    """A ``train.device`` value naming a device torch sees (argparse's type: refused in one
+    line otherwise)."""
+    if not (text in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", text)):
+        raise argparse.ArgumentTypeError(f"use 'cpu', 'cuda', 'cuda:N' or 'auto', not {text!r}")
+    if text.startswith("cuda"):
+        index = int(text[5:] or 0)
+        if index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: torch sees {torch.cuda.device_count()} CUDA devices"
+            )
+    return text
 
 
 def variant(name: str) -> str:
@@ -386,9 +393,4 @@ def print_against(models: dict[str, Any], baseline: str) -> None:
 
 
 if __name__ == "__main__":
-    from qtrain.errors import RecipeError
-
-    try:
-        raise SystemExit(main())
-    except RecipeError as exc:  # e.g. --device cuda where torch sees no GPU
-        raise SystemExit(f"epoch.py: {exc}") from None
+    raise SystemExit(main())

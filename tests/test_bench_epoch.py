@@ -43,6 +43,8 @@ def test_bit_count_variants_against_a_baseline(
         (["--variants", "tango-4", "--baseline", "tango-8"], "is not one of --variants"),
         (["--settle", "-1"], "must be a whole number of epochs, 0 or more: '-1'"),
         (["--settle", "two"], "must be a whole number of epochs, 0 or more: 'two'"),
+        (["--device", "gpu0"], "use 'cpu', 'cuda', 'cuda:N' or 'auto', not 'gpu0'"),
+        (["--device", "cuda:99"], "'cuda:99': torch sees"),
     ],
 )
 def test_a_bad_variant_is_refused(
