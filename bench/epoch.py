@@ -52,10 +52,11 @@ import torch
 from _record import write_json
 from _timing import interleaved
 
+from qtrain.errors import RecipeError
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import load_recipe, parse_quant
 from qtrain.train.loop import Trainer
-from qtrain.train.prepare import prepared
+from qtrain.train.prepare import prepared, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # the synthetic-arxiv recipes, and the small graphs tango must never be slower on:
@@ -94,12 +95,10 @@ def device_name(text: str) -> str:
     line otherwise)."""
     if not (text in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", text)):
         raise argparse.ArgumentTypeError(f"use 'cpu', 'cuda', 'cuda:N' or 'auto', not {text!r}")
-    if text.startswith("cuda"):
-        index = int(text[5:] or 0)
-        if index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: torch sees {torch.cuda.device_count()} CUDA devices"
-            )
+    try:
+        resolve_device(text)  # the run's own check: a GPU torch does not see is refused
+    except RecipeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -44,7 +44,7 @@ def test_bit_count_variants_against_a_baseline(
         (["--settle", "-1"], "must be a whole number of epochs, 0 or more: '-1'"),
         (["--settle", "two"], "must be a whole number of epochs, 0 or more: 'two'"),
         (["--device", "gpu0"], "use 'cpu', 'cuda', 'cuda:N' or 'auto', not 'gpu0'"),
-        (["--device", "cuda:99"], "'cuda:99': torch sees"),
+        (["--device", "cuda:99"], "train.device = 'cuda:99', but torch sees"),
     ],
 )
 def test_a_bad_variant_is_refused(
