@@ -65,8 +65,9 @@ class ExactConfig:
         "auto",
         "stochastic (unbiased, the paper's), nearest (ablation), means (1 bit: each row split "
         "at its mean and stored as its two sides' means; deterministic, under a tenth of "
-        "stochastic rounding's squared error) or auto (at 1 bit the means for a tensor with "
-        "no exact zero, stochastic for one with zeros, such as ReLU's; stochastic above)",
+        "stochastic rounding's squared error) or auto (at 1 bit stochastic for a tensor whose "
+        "zeros all sit at an end of their rows, such as ReLU's output, so they stay exactly "
+        "zero; the means for any other; stochastic above)",
     )
     blocked_sage: bool = option(
         True,

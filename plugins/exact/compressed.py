@@ -13,12 +13,15 @@
   and bit-packed (``qtrain.quant.rowwise``). At 1 bit with ``rounding = "means"``, each
   row is split at its mean and stored as its two sides' means instead
   (``rowwise.quantize_rows_means``: under a tenth of the stochastic squared error, but
-  biased); ``rounding = "auto"`` does so for a tensor holding no exact zero, and rounds
-  one that does (ReLU's and dropout's outputs) stochastically between its rows' ends,
-  where a zero at a row's minimum stays exactly zero: the side means would move every
-  zero to its low side's mean, a bias a weight gradient sums over every zero
-  (synthetic-arxiv GCN at 1 bit: 85.20 with the means everywhere, 86.15 with this rule,
-  FP32 86.24).
+  biased); ``rounding = "auto"`` does so unless every row holding an exact zero has it
+  at one of its ends (ReLU's output, dropout's of ReLU's, bag-of-words features): those
+  are rounded stochastically between their rows' ends, where such a zero stays exactly
+  zero, and the side means would move every zero to its low side's mean, a bias a
+  weight gradient sums over every zero (synthetic-arxiv GCN at 1 bit: 85.20 with the
+  means everywhere, 86.15 with stochastic rounding for them, FP32 86.24). A zero inside
+  its row's range (dropout's output of signed features: GAT's dropped-out inputs) is
+  moved by stochastic rounding too, so there the side means, with their smaller error,
+  are taken.
   Rows narrower than ``MIN_ROW``
   (GAT's per-edge attention scalars) are regrouped into blocks of
   ``BLOCK`` consecutive elements, so the two 16-bit row parameters do not
@@ -109,6 +112,18 @@ def min_projected_width(bits: int) -> int:
 def _row_width(t: torch.Tensor) -> int:
     """Values per index of the first dimension (0 for 1-d tensors, which have no rows)."""
     return t.numel() // t.shape[0] if t.dim() >= 2 else 0
+
+
+def _zeros_at_row_ends(rows: torch.Tensor) -> bool:
+    """Whether ``rows`` hold an exact zero and every row that does has it as its minimum
+    or maximum: then stochastic rounding between the rows' ends gives every zero back
+    exactly, which at 1 bit is worth more than the side means' smaller error."""
+    zero = rows == 0
+    if not bool(zero.any()):
+        return False
+    low, high = torch.aminmax(rows, dim=1)
+    inside = (low < 0) & (high > 0)
+    return not bool((zero.any(dim=1) & inside).any())
 
 
 class CompressingCodec:
@@ -347,11 +362,11 @@ class CompressingCodec:
 
     def _rounding_of(self, rows: torch.Tensor, bits: int) -> str:
         """How ``rows`` stored at ``bits`` are rounded: the two side means at 1 bit under
-        ``"means"``, and under ``"auto"`` where they hold no exact zero (module doc);
-        stochastically where ``"auto"`` or ``"means"`` meet more bits (a block of narrow
-        rows is stored at 2)."""
+        ``"means"``, and under ``"auto"`` unless their zeros sit at their rows' ends
+        (module doc); stochastically where ``"auto"`` or ``"means"`` meet more bits (a
+        block of narrow rows is stored at 2)."""
         if self.rounding == "auto":
-            return "means" if bits == 1 and not bool((rows == 0).any()) else "stochastic"
+            return "stochastic" if bits != 1 or _zeros_at_row_ends(rows) else "means"
         if self.rounding == "means" and bits != 1:
             return "stochastic"
         return self.rounding

@@ -132,10 +132,10 @@ def test_codec_refuses_means_above_1_bit_and_unknown_roundings() -> None:
         CompressingCodec(bits=2, rounding="up")
 
 
-def test_codec_auto_takes_the_means_at_1_bit_for_tensors_without_zeros() -> None:
+def test_codec_auto_takes_the_means_at_1_bit_unless_zeros_sit_at_row_ends() -> None:
     """rounding = "auto" at 1 bit: a dense tensor at its rows' side means; one holding
-    exact zeros (a ReLU's output) stochastically between its rows' ends, so a zero at a
-    row's minimum comes back exactly zero, which the side means would move."""
+    exact zeros at its rows' minimum (a ReLU's output) stochastically between its rows'
+    ends, so those zeros come back exactly zero, which the side means would move."""
     torch.manual_seed(3)
     dense = torch.randn(300, 64, requires_grad=True)
     relu = torch.relu(torch.randn(300, 64)).requires_grad_(True)
@@ -150,6 +150,31 @@ def test_codec_auto_takes_the_means_at_1_bit_for_tensors_without_zeros() -> None
     moved = _codec(bits=1, rounding="means")
     assert bool((moved.decode(moved.encode(relu))[zeros] != 0).any())
     assert _codec(bits=2, rounding="auto").encode(dense).bits == 2
+
+
+def test_codec_auto_takes_the_means_for_zeros_inside_their_rows_range() -> None:
+    """Dropout's output of signed features holds zeros strictly between its rows' ends,
+    which stochastic rounding would move as well: "auto" takes the side means there (the
+    smaller error); a row whose zero is its maximum keeps it under stochastic rounding."""
+    torch.manual_seed(4)
+    signed = torch.randn(300, 64)
+    dropped = (signed * (torch.rand(300, 64) < 0.5)).requires_grad_(True)
+    codec = _codec(bits=1, rounding="auto")
+    assert torch.equal(
+        codec.encode(dropped).packed, _codec(bits=1, rounding="means").encode(dropped).packed
+    )
+    assert codec.stats["side_means"] == 1
+    negative = (-torch.relu(torch.randn(300, 64))).requires_grad_(True)
+    back = codec.decode(codec.encode(negative))
+    assert codec.stats["side_means"] == 1
+    zeros = negative.detach() == 0
+    assert bool(zeros.any()) and bool((back[zeros] == 0).all())
+    # one row with a zero inside its range is enough: stochastic rounding would move it
+    mixed = torch.relu(torch.randn(300, 64))
+    mixed[7] = torch.randn(64)
+    mixed[7, 3] = 0.0
+    codec.encode(mixed.requires_grad_(True))
+    assert codec.stats["side_means"] == 2
 
 
 @pytest.mark.parametrize("bits", [1, 2])
