@@ -81,15 +81,26 @@ class NodeDropout(nn.Module):
         return masks.keyed_dropout(h, ids, self.p, seed)
 
 
+def dropout_steps(model: nn.Module) -> dict[str, int]:
+    """The step counter of each keyed dropout module of ``model``, by module name: its
+    next masks depend on it (a checkpoint and calibration keep it)."""
+    return {name: m.calls for name, m in model.named_modules() if isinstance(m, NodeDropout)}
+
+
+def set_dropout_steps(model: nn.Module, steps: dict[str, int]) -> None:
+    """Put ``model``'s keyed dropout streams back at ``steps`` (:func:`dropout_steps`)."""
+    for name, module in model.named_modules():
+        if isinstance(module, NodeDropout) and name in steps:
+            module.calls = steps[name]
+
+
 @contextlib.contextmanager
 def preserved_dropout_steps(model: nn.Module) -> Iterator[None]:
     """Inside, ``model``'s keyed dropout may draw; afterwards each module's stream is back
     where it was, so a forward run aside (calibration) leaves the masks of training as
     they would have been."""
-    modules = [m for m in model.modules() if isinstance(m, NodeDropout)]
-    calls = [m.calls for m in modules]
+    steps = dropout_steps(model)
     try:
         yield
     finally:
-        for m, n in zip(modules, calls, strict=True):
-            m.calls = n
+        set_dropout_steps(model, steps)

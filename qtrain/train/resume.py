@@ -25,16 +25,11 @@ import numpy as np
 import torch
 
 from qtrain.errors import QtrainError
-from qtrain.models.dropout import NodeDropout
+from qtrain.models.dropout import dropout_steps, set_dropout_steps
 from qtrain.train.loop import Trainer, TrainState, cpu_state
 from qtrain.train.rundir import RECIPE, RESUME
 
 FORMAT = 1
-
-
-def _dropout_steps(model: torch.nn.Module) -> dict[str, int]:
-    """The step counter of each keyed dropout module (its masks depend on it)."""
-    return {name: m.calls for name, m in model.named_modules() if isinstance(m, NodeDropout)}
 
 
 def _numpy_state() -> tuple[str, list[int], int, int, float]:
@@ -52,7 +47,7 @@ def capture(trainer: Trainer, state: TrainState, plugins: Any) -> dict[str, Any]
         "model": cpu_state(trainer.model),
         "optimizer": trainer.optimizer.state_dict(),
         "train_state": {f.name: getattr(state, f.name) for f in dataclasses.fields(state)},
-        "dropout_steps": _dropout_steps(trainer.model),
+        "dropout_steps": dropout_steps(trainer.model),
         "plugins": plugins.state_dict() if plugins is not None else {},
         "rng": {
             "python": random.getstate(),
@@ -91,10 +86,7 @@ def restore(payload: dict[str, Any], trainer: Trainer, state: TrainState, plugin
         raise QtrainError(f"cannot resume: {exc}") from None
     for name, value in payload["train_state"].items():
         setattr(state, name, value)
-    steps = payload["dropout_steps"]
-    for name, module in trainer.model.named_modules():
-        if isinstance(module, NodeDropout) and name in steps:
-            module.calls = steps[name]
+    set_dropout_steps(trainer.model, payload["dropout_steps"])
     if plugins is not None:
         plugins.load_state_dict(payload["plugins"])
     rng = payload["rng"]
