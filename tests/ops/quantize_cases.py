@@ -1,12 +1,13 @@
 """Inputs the quantizer tests share: rows of mixed magnitudes and the special rows every row
 quantizer must get right (quantize_symmetric_rows, quantize_symmetric_rows4); columns of
 power-law magnitudes and the special columns every column quantizer must get right
-(quantize_symmetric_cols, quantize_symmetric_cols4)."""
+(quantize_symmetric_cols, quantize_symmetric_cols4); the errors every 2-d quantizer
+raises (quantize_symmetric_rows, quantize_symmetric_cols)."""
 
 from __future__ import annotations
 
 import torch
-from support import gen
+from support import ErrorCase, gen
 
 
 def mixed_rows(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -86,3 +87,62 @@ def column_inputs() -> dict[str, torch.Tensor]:
         "no columns": torch.empty(70, 0),
         "nothing": torch.empty(0, 0),
     }
+
+
+def quantizer_error_cases(op: str) -> list[ErrorCase]:
+    """The bad inputs every 2-d int8 quantizer op ``op`` (``"ops.NAME"``, called as
+    ``op(x, bits, stochastic, seed, offset)``) must refuse with one clear error: bit counts
+    outside 2..8, a dtype other than float32, a tensor that is not 2-d, counters that
+    overflow, NaN or Inf, a sparse tensor. Each test adds the cases of its own layout."""
+    name = op.removeprefix("ops.")
+    return [
+        ErrorCase("bits 9", f"{op}(torch.ones(2, 3, device=dev), 9)", "ValueError", r"2\.\.8"),
+        ErrorCase("bits 1", f"{op}(torch.ones(2, 3, device=dev), 1)", "ValueError", r"2\.\.8"),
+        ErrorCase(
+            "float64",
+            f"{op}(torch.ones(2, 3, device=dev, dtype=torch.float64), 8)",
+            "TypeError",
+            "x must be float32, got float64",
+        ),
+        ErrorCase("1-d", f"{op}(torch.ones(3, device=dev), 8)", "ValueError", "x must be 2-d"),
+        ErrorCase(
+            "3-d", f"{op}(torch.ones(2, 3, 4, device=dev), 8)", "ValueError", "x must be 2-d"
+        ),
+        ErrorCase("0-d", f"{op}(torch.ones((), device=dev), 8)", "ValueError", "x must be 2-d"),
+        ErrorCase(
+            "negative offset",
+            f"{op}(torch.ones(2, 3, device=dev), 8, True, 0, -1)",
+            "ValueError",
+            "offset must be >= 0",
+        ),
+        ErrorCase(
+            "counter overflow",
+            f"{op}(torch.ones(3, 3, device=dev), 8, True, 0, 2**63 - 9)",
+            "ValueError",
+            "2\\^63",
+        ),
+        ErrorCase(
+            "counter overflow, nearest",
+            f"{op}(torch.ones(3, 3, device=dev), 8, False, 0, 2**63 - 5)",
+            "ValueError",
+            "2\\^63",
+        ),
+        ErrorCase(
+            "NaN",
+            f"{op}(torch.tensor([[1.0, 2.0], [0.0, float('nan')]], device=dev), 8)",
+            "ValueError",
+            f"qtrain::{name}: x contains NaN or Inf; quantization needs finite values",
+        ),
+        ErrorCase(
+            "Inf",
+            f"{op}(torch.tensor([[float('-inf')]], device=dev), 8, True)",
+            "ValueError",
+            "NaN or Inf",
+        ),
+        ErrorCase(
+            "sparse",
+            f"{op}(torch.eye(3, device=dev).to_sparse(), 8)",
+            "ValueError",
+            "dense",
+        ),
+    ]
