@@ -2,7 +2,7 @@
 quantizer must get right (quantize_symmetric_rows, quantize_symmetric_rows4); columns of
 power-law magnitudes and the special columns every column quantizer must get right
 (quantize_symmetric_cols, quantize_symmetric_cols4); the errors every 2-d quantizer
-raises (quantize_symmetric_rows, quantize_symmetric_cols)."""
+raises (quantize_symmetric_rows, quantize_symmetric_cols, and their packed twins)."""
 
 from __future__ import annotations
 
@@ -146,3 +146,66 @@ def quantizer_error_cases(op: str) -> list[ErrorCase]:
             "dense",
         ),
     ]
+
+
+def packed_quantizer_error_cases(op: str, reference: str) -> list[ErrorCase]:
+    """The bad inputs a packed 2-d quantizer op ``op`` (2 to 4 bits, two values a byte) and
+    its reference function ``reference`` must both refuse, then those only the raw op sees
+    (the reference takes any dtype and layout). ``reference`` must be imported by the
+    test's setup."""
+    name = op.removeprefix("ops.")
+    cases = []
+    for call in (op, reference):
+        tag = "raw" if call == op else "reference"
+        stochastic = "True" if call == op else "'stochastic'"
+        cases += [
+            ErrorCase(
+                f"{tag} bits 5",
+                f"{call}(torch.ones(2, 3, device=dev), 5)",
+                "ValueError",
+                r"bits must be an integer in 2\.\.4, got 5",
+            ),
+            ErrorCase(
+                f"{tag} bits 1",
+                f"{call}(torch.ones(2, 3, device=dev), 1)",
+                "ValueError",
+                r"bits must be an integer in 2\.\.",
+            ),
+            ErrorCase(f"{tag} 1-d", f"{call}(torch.ones(3, device=dev), 4)", "ValueError", "2-d"),
+            ErrorCase(
+                f"{tag} NaN",
+                f"{call}(torch.tensor([[1.0, 2.0], [0.0, float('nan')]], device=dev), 4)",
+                "ValueError",
+                "NaN",
+            ),
+            ErrorCase(
+                f"{tag} negative offset",
+                f"{call}(torch.ones(2, 3, device=dev), 4, {stochastic}, 0, -1)",
+                "ValueError",
+                "offset must be (>= 0|a non-negative int)",
+            ),
+        ]
+    cases += [
+        ErrorCase(
+            "raw float64",
+            f"{op}(torch.ones(2, 3, device=dev, dtype=torch.float64), 4)",
+            "TypeError",
+            "x must be float32, got float64",
+        ),
+        ErrorCase(
+            "raw NaN message",
+            f"{op}(torch.tensor([[float('inf')]], device=dev), 3, True)",
+            "ValueError",
+            f"{name}: x contains NaN or Inf; quantization needs finite values",
+        ),
+        ErrorCase(
+            "raw counter overflow",
+            f"{op}(torch.ones(3, 3, device=dev), 4, True, 0, 2**63 - 9)",
+            "ValueError",
+            "2\\^63",
+        ),
+        ErrorCase(
+            "raw sparse", f"{op}(torch.eye(3, device=dev).to_sparse(), 4)", "ValueError", "dense"
+        ),
+    ]
+    return cases

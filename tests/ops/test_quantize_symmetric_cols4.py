@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quantize_cases import column_inputs, power_law_columns
+from quantize_cases import column_inputs, packed_quantizer_error_cases, power_law_columns
 from support import DEVICES, ErrorCase, assert_same, expect_errors, gen, library, opcheck, variants
 
 from qtrain.ops import dispatch, fakes
@@ -136,31 +136,19 @@ def test_fake_shapes() -> None:
 def test_errors(device: str) -> None:
     op = "ops.quantize_symmetric_cols4"
     ref_call = "reference_quantize_cols4"
-    setup = "from qtrain.ops.quantize import reference_quantize_cols4\n"
-    cases = []
-    for call in (op, ref_call):
+    own = [
+        ErrorCase(
+            "raw Inf, two threads",
+            "torch.set_num_threads(2); x = torch.zeros(400_000, 3, device=dev); "
+            f"x[1, 0] = float('inf'); {op}(x, 2, False, 0, 0, 64)",
+            "ValueError",
+            "NaN or Inf",
+        )
+    ]
+    for call in (op, ref_call):  # the block argument: both refuse a bad one
         tag = "raw" if call == op else "reference"
         stochastic = "True" if call == op else "'stochastic'"
-        cases += [
-            ErrorCase(
-                f"{tag} bits 5",
-                f"{call}(torch.ones(2, 3, device=dev), 5)",
-                "ValueError",
-                r"bits must be an integer in 2\.\.4, got 5",
-            ),
-            ErrorCase(
-                f"{tag} bits 1",
-                f"{call}(torch.ones(2, 3, device=dev), 1)",
-                "ValueError",
-                r"bits must be an integer in 2\.\.",
-            ),
-            ErrorCase(f"{tag} 1-d", f"{call}(torch.ones(3, device=dev), 4)", "ValueError", "2-d"),
-            ErrorCase(
-                f"{tag} NaN",
-                f"{call}(torch.tensor([[1.0, 2.0], [0.0, float('nan')]], device=dev), 4)",
-                "ValueError",
-                "NaN",
-            ),
+        own += [
             ErrorCase(
                 f"{tag} NaN in a late block",
                 f"x = torch.zeros(5000, 3, device=dev); x[4999, 2] = float('nan'); "
@@ -174,41 +162,9 @@ def test_errors(device: str) -> None:
                 "ValueError",
                 "block must be >= 0",
             ),
-            ErrorCase(
-                f"{tag} negative offset",
-                f"{call}(torch.ones(2, 3, device=dev), 4, {stochastic}, 0, -1)",
-                "ValueError",
-                "offset must be (>= 0|a non-negative int)",
-            ),
         ]
-    cases += [
-        ErrorCase(
-            "raw float64",
-            f"{op}(torch.ones(2, 3, device=dev, dtype=torch.float64), 4)",
-            "TypeError",
-            "x must be float32, got float64",
-        ),
-        ErrorCase(
-            "raw NaN message",
-            f"{op}(torch.tensor([[float('inf')]], device=dev), 3, True)",
-            "ValueError",
-            "quantize_symmetric_cols4: x contains NaN or Inf; quantization needs finite values",
-        ),
-        ErrorCase(
-            "raw Inf, two threads",
-            "torch.set_num_threads(2); x = torch.zeros(400_000, 3, device=dev); "
-            f"x[1, 0] = float('inf'); {op}(x, 2, False, 0, 0, 64)",
-            "ValueError",
-            "NaN or Inf",
-        ),
-        ErrorCase(
-            "raw counter overflow",
-            f"{op}(torch.ones(3, 3, device=dev), 4, True, 0, 2**63 - 9)",
-            "ValueError",
-            "2\\^63",
-        ),
-        ErrorCase(
-            "raw sparse", f"{op}(torch.eye(3, device=dev).to_sparse(), 4)", "ValueError", "dense"
-        ),
-    ]
-    expect_errors(cases, device, setup=setup)
+    expect_errors(
+        [*packed_quantizer_error_cases(op, ref_call), *own],
+        device,
+        setup=f"from qtrain.ops.quantize import {ref_call}\n",
+    )
