@@ -34,7 +34,8 @@ C10_HOST_DEVICE inline Levels levels(float t, double high_sum, int64_t high_coun
 }
 
 // Byte b of the packed stream of the n values of rows `width` wide: bit k is
-// x[8b + k] >= t[its row].
+// x[8b + k] >= t[its row]. (The CUDA kernel's bytes; the CPU kernel stages its
+// comparisons and packs them as quantize_rows packs its levels.)
 C10_HOST_DEVICE inline uint8_t side_byte(const float* x, const float* t, int64_t width, int64_t n,
                                          int64_t b) {
   int64_t i = 8 * b;

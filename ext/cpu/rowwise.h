@@ -81,6 +81,14 @@ struct RowKeys {
   int32_t hi;
 };
 
+// A row's sums on each side of a threshold t (quantize_rows_means): values >= t and the
+// rest (NaN among them), in float64.
+struct SideSums {
+  double high;
+  double low;
+  int64_t high_count;
+};
+
 // The kernel bodies of one ISA variant (rowwise_variants.cpp).
 using PackFn = void (*)(const uint8_t*, uint8_t*, int64_t);
 
@@ -95,6 +103,9 @@ struct Kernels {
   void (*signs)(float*, int64_t, uint32_t, uint32_t, uint32_t, uint32_t);
   void (*signed_product)(const float*, int64_t, int64_t, int64_t, const uint32_t*, int64_t, float,
                          float*, int64_t, int64_t);
+  double (*row_sum)(const float*, int64_t);              // float64, kSumLanes accumulators
+  SideSums (*side_sums)(const float*, int64_t, float);   // the same accumulators per side
+  void (*at_least)(const float*, uint8_t*, int64_t, float);  // q[i] = x[i] >= t
 };
 
 

@@ -49,7 +49,8 @@ def test_misaligned_and_strided_inputs(device: str) -> None:
 
 
 def test_cpu_same_for_any_thread_count_and_isa(threads: None) -> None:
-    """Enough elements that two threads split both passes (rows, then packed bytes)."""
+    """Enough rows that two threads each take blocks of them, packing up to the byte
+    boundary where the next block starts (width 129: rows share bytes)."""
     x = varied_rows(40_001, 129, seed=1)
     want = ref.quantize_rows_means(x)
     for what in isa_variants("cpu"):
