@@ -40,7 +40,7 @@ test: $(BUILT)
 	$(PYTEST)
 
 test-fast: $(BUILT)
-	$(PYTEST) -m "not slow"
+	$(PYTEST) -m "not slow and not hours"
 
 lint: $(DEPS)
 	$(BIN)/ruff check .

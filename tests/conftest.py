@@ -126,9 +126,10 @@ class ExampleRuns:
     that needs a run another is making waits for it (a lock per run).
     """
 
-    def __init__(self, out_dir: Path, shared: Path) -> None:
+    def __init__(self, out_dir: Path, shared: Path, data_dir: Path) -> None:
         self.out_dir = out_dir
         self.shared = shared
+        self.data_dir = data_dir  # $QTRAIN_DATA_DIR while a run loads its dataset
         self._done: dict[tuple[str, tuple[str, ...]], list[dict[str, Any]]] = {}
 
     def summaries(self, example: str, overrides: list[str]) -> list[dict[str, Any]]:
@@ -152,7 +153,9 @@ class ExampleRuns:
                     ROOT / "examples" / f"{example}.toml",
                     overrides=[*overrides, f"train.seed={seed}", f"output.dir={self.out_dir}"],
                 )
-                summary = execute(recipe, reporter=Reporter())
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setenv("QTRAIN_DATA_DIR", str(self.data_dir))
+                    summary = execute(recipe, reporter=Reporter())
                 assert summary["status"] == "completed", summary.get("error")
                 write_atomic(path, to_json(summary))  # as the run's summary.json is written
             return json.loads(path.read_text())
@@ -165,21 +168,32 @@ class ExampleRuns:
         return statistics.mean(self.accuracies(example, overrides))
 
 
-@pytest.fixture(scope="session")
-def example_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleRuns]:
-    """Seeded runs of the example recipes on the real Planetoid data, shared by the session
-    (by all its pytest-xdist workers: their temporary folders share a parent)."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("QTRAIN_DATA_DIR", str(PLANETOID_DATA))
+def _session_summaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of run summaries every pytest-xdist worker of the session sees (their
+    temporary folders share a parent)."""
     if "PYTEST_XDIST_WORKER" in os.environ:
         shared = tmp_path_factory.getbasetemp().parent / "example-summaries"
         shared.mkdir(exist_ok=True)
-    else:
-        shared = tmp_path_factory.mktemp("example-summaries")
-    try:
-        yield ExampleRuns(tmp_path_factory.mktemp("example-runs"), shared)
-    finally:
-        patch.undo()
+        return shared
+    return tmp_path_factory.mktemp("example-summaries")
+
+
+@pytest.fixture(scope="session")
+def example_runs(tmp_path_factory: pytest.TempPathFactory) -> ExampleRuns:
+    """Seeded runs of the example recipes on the real Planetoid data, shared by the session."""
+    shared = _session_summaries(tmp_path_factory)
+    return ExampleRuns(tmp_path_factory.mktemp("example-runs"), shared, PLANETOID_DATA)
+
+
+@pytest.fixture(scope="session")
+def synthetic_runs(tmp_path_factory: pytest.TempPathFactory) -> ExampleRuns:
+    """Seeded runs of the example recipes on generated data (synthetic-arxiv), shared by the
+    session; the data is qtrain's own ($QTRAIN_DATA_DIR or ~/.cache/qtrain/datasets),
+    generated there by the first run that needs it, as ``qtrain run`` does."""
+    from qtrain.data.base import data_dir
+
+    shared = _session_summaries(tmp_path_factory)
+    return ExampleRuns(tmp_path_factory.mktemp("synthetic-runs"), shared, data_dir())
 
 
 @pytest.fixture

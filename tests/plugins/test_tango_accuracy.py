@@ -10,6 +10,7 @@ Reads ../shared/datasets (skipped without it). ``pytest -s`` prints the table.
 from __future__ import annotations
 
 import pytest
+from accuracy_checks import assert_auto_chose_by_gradient
 from conftest import SEEDS, ExampleRuns, needs_planetoid
 
 TOLERANCE = 1.0  # points
@@ -55,18 +56,7 @@ def test_auto_picks_five_bits_or_fewer_on_average(example_runs: ExampleRuns) -> 
     picks = []
     for example in EXAMPLES:
         for summary in example_runs.summaries(example, VARIANTS["tango-auto"]):
-            report = summary["plugin_reports"]["tango"]
-            calibration = report["calibration"]
-            errors = {int(b): e for b, e in calibration["gradient_error"].items()}
-            assert calibration["criterion"] == "gradient"
-            assert report["bits"] == calibration["bits"]
-            met = [
-                b
-                for b in sorted(errors)
-                if errors[b] is not None and errors[b] <= calibration["target"]
-            ]
-            assert report["bits"] == (met[0] if met else 8), (example, errors)
-            picks.append(report["bits"])
+            picks.append(assert_auto_chose_by_gradient(example, summary))
     mean = sum(picks) / len(picks)
     print(f"auto: bits {picks}, mean {mean:.2f}")
     assert mean <= AUTO_MEAN_BITS, f"auto picked {mean:.2f} bits on average: {picks}"

@@ -15,6 +15,7 @@ Reads ../shared/datasets (skipped without it). ``pytest -s`` prints the table.
 from __future__ import annotations
 
 import pytest
+from accuracy_checks import assert_tango_low_bits_ran
 from conftest import SEEDS, ExampleRuns, needs_planetoid
 
 pytestmark = [pytest.mark.slow, needs_planetoid]
@@ -35,21 +36,7 @@ def test_tango_low_bits_stay_near_fp32(example: str, bits: int, example_runs: Ex
     accs = [f"{a:.1f}" for a in example_runs.accuracies(example, sets)]
     print(f"{example}: fp32 {fp32:.2f}, tango {bits}-bit {mean:.2f} (seeds {accs})")
     for summary in example_runs.summaries(example, sets):
-        report = summary["plugin_reports"]["tango"]
-        assert report["bits"] == bits and report["scales"] == "block", report
-        # the trained float32 weights are what is evaluated (the default)
-        assert report["evaluation"] == "fp32", report
-        # the features and weights at 8 bits (the defaults), the rest at bits
-        assert (report["input_bits"], report["weight_bits"]) == (8, 8), report
-        assert report["step_inputs_quantized"] > 0 and report["weights_quantized"] > 0, report
-        # a plugin that silently stayed float32 would pass the bar: the low-bit kernels ran
-        kernels = summary["kernels"]
-        # and the operands were stored packed, two 4-bit values a byte (the default; rows
-        # and columns are quantized straight into nibbles)
-        assert report["packed"] and report["operands_packed"] > 0, report
-        for primitive in ("gemm", "block_gemm", "spmm", "quantize_rows", "quantize_cols"):
-            quantized = {b for b, n in kernels.get(primitive, {}).items() if n and b != "fp32"}
-            assert quantized, f"{example}: no quantized {primitive} ran ({kernels})"
+        assert_tango_low_bits_ran(example, summary, bits)
     gap = fp32 - mean
     assert gap <= BARS[bits], (
         f"{example}: tango {bits}-bit mean {mean:.2f} is {gap:.2f} points below FP32 "
