@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
 import re
 import sys
@@ -52,6 +51,7 @@ import torch
 from _record import write_json
 from _timing import interleaved
 
+from qtrain._malloc import set_up_allocator
 from qtrain.errors import RecipeError
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import load_recipe, parse_quant
@@ -74,6 +74,7 @@ MODELS = {
 SHARED_DATASETS = ROOT.parent / "shared" / "datasets"
 
 
+ALLOCATORS = ("command", "default")
 NAMED_VARIANTS = ["fp32", "bf16-autocast", "tango", "tango-tensor", "tango-row", "tango-block"]
 # tango at a bit count of its own, optionally with its operands kept int8 (not packed)
 BITS_VARIANT = re.compile(r"tango-([2-8])(-int8)?")
@@ -251,9 +252,6 @@ def _ratio_quartiles(baseline: list[float], times: list[float]) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
-    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gcn", "gat"], choices=list(MODELS))
     parser.add_argument("--threads", type=int, default=2)
@@ -307,8 +305,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a variant to take the ratios of time and saved bytes against too (one of --variants)",
     )
+    parser.add_argument(
+        "--allocator",
+        choices=ALLOCATORS,
+        default="command",
+        help="'command': huge pages and freed memory kept, as the qtrain command sets up its "
+        "process (qtrain._malloc); 'default': huge pages only, glibc's malloc as it comes "
+        "(bench/allocator.py times the two)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
+    # before the first allocation (torch reads THP_MEM_ALLOC_ENABLE then)
+    kept = set_up_allocator(keep_freed=args.allocator == "command")
     if args.baseline is not None and args.baseline not in args.variants:
         parser.error(f"--baseline {args.baseline} is not one of --variants")
     torch.set_num_threads(args.threads)
@@ -318,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "device": args.device,
+        "allocator": args.allocator,
+        "freed_memory_kept": kept,
         "gpu": torch.cuda.get_device_name()
         if args.device != "cpu" and torch.cuda.is_available()
         else None,

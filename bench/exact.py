@@ -43,7 +43,6 @@ import contextlib
 import ctypes
 import gc
 import math
-import os
 import platform
 import re
 import sys
@@ -56,6 +55,7 @@ import torch
 from _record import git_commit, write_json
 from _timing import interleaved
 
+from qtrain._malloc import set_up_allocator
 from qtrain.ops import backends, compress, dispatch
 from qtrain.plugin import PatchSession, PluginContext
 from qtrain.recipe import Recipe, load_recipe
@@ -311,9 +311,7 @@ def print_tables(results: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
-    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument(

@@ -23,7 +23,6 @@ up to 20x slower, which a training loop pays once: the warm-up rounds leave them
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import torch
 from _record import provenance, write_json
 from _timing import interleaved
 
+from qtrain._malloc import set_up_allocator
 from qtrain.ops import compress
 from qtrain.quant.projection import projected_width
 
@@ -39,9 +39,7 @@ WARMUP = 4  # rounds
 
 
 def main() -> int:
-    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
-    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=169_343)
     parser.add_argument("--width", type=int, default=256)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shlex
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 from _timing import interleaved
 
+from qtrain._malloc import set_up_allocator
 from qtrain.ops import backends, quantize
 from qtrain.ops.gemm import int8_gemm
 
@@ -139,9 +139,7 @@ def _print_table(results: list[dict[str, object]], title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run every hidden size, print the table and optionally write JSON."""
-    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
-    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="torch (and qtrain) threads")
     ap.add_argument("--rows", type=int, default=169343, help="rows of X (ogbn-arxiv nodes)")

@@ -21,13 +21,13 @@ Importing this module has no side effects; ``python bench/gpu_compress.py
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
 import torch
 from _gpu import copy_bandwidth_gbps, median_ms, row
 
+from qtrain._malloc import set_up_allocator
 from qtrain.ops import backends
 from qtrain.quant import projection
 from qtrain.quant import rowwise as ref
@@ -168,8 +168,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
-    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     for row in run(quick="--quick" in sys.argv[1:]):
         print(json.dumps(row))

@@ -60,7 +60,6 @@ import contextlib
 import functools
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -75,6 +74,8 @@ from typing import Any
 import _checkout  # noqa: F401  (qtrain from this checkout)
 import torch
 from _timing import once
+
+from qtrain._malloc import set_up_allocator
 
 MODELS = ("gcn", "gat", "sage")
 MODEL_NAMES = {"gcn": "GCN", "gat": "GAT", "sage": "GraphSAGE"}
@@ -731,7 +732,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the qtrain command sets it
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     parser.add_argument(

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 from _timing import interleaved
 
+from qtrain._malloc import set_up_allocator
 from qtrain.data import load_dataset
 from qtrain.ops import backends
 from qtrain.ops.gemm import int8_block_gemm
@@ -180,7 +180,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # as the qtrain command sets
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=2)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -33,6 +32,7 @@ import torch
 from _timing import Timing, interleaved
 
 from qtrain._compat import import_dgl
+from qtrain._malloc import set_up_allocator
 from qtrain.data import load_dataset
 from qtrain.ops import backends
 from qtrain.ops.quantize import quantize, quantize_per_row
@@ -104,9 +104,7 @@ def sddmm_q(
 
 
 def main(argv: list[str] | None = None) -> int:
-    # huge pages for torch's CPU allocator, as the qtrain command sets (qtrain.cli.main);
-    # `import qtrain` no longer does. In time: torch reads it at its first allocation.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    set_up_allocator()  # as the qtrain command sets up its process (qtrain._malloc)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dataset", default="synthetic-arxiv")

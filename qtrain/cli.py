@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qtrain import __version__, signals
+from qtrain._malloc import set_up_allocator
 from qtrain.config import OptionInfo
 from qtrain.errors import QtrainError, RunFailed
 
@@ -570,15 +571,10 @@ def doctor(
 
 def main() -> None:
     """Console-script entry point."""
-    # Torch's CPU allocator neither caches nor asks for huge pages by default, so every
-    # large tensor (nodes x hidden) costs a page fault per 4 KiB when first written: on
-    # synthetic-arxiv that was a quarter of a GCN epoch. With this set before torch
-    # allocates, tensors of 2 MiB or more are 2 MiB-aligned and advised as transparent
-    # huge pages. Torch reads it at its first allocation, not at import, so here is in
-    # time (this module imports no torch either). A user's own value wins. Set here,
-    # where qtrain owns the process, not on `import qtrain`: a library import must not
-    # change a user's allocator.
-    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    # huge pages for torch's allocator and freed memory kept, set here, where qtrain owns
+    # the process, not on `import qtrain`: a library import must not change a user's
+    # allocator (qtrain._malloc). Before anything imports torch: it reads them in time.
+    set_up_allocator()
     signals.install()  # SIGTERM stops a run as Ctrl-C does (qtrain.signals)
     app()
 

@@ -39,10 +39,21 @@ def bench_script(name: str) -> Iterator[ModuleType]:
         sys.path.remove(str(BENCH))
 
 
-# The runs here train in this process, so they get what the `qtrain` command sets up for
-# its own process (qtrain.cli.main): huge pages for torch's CPU allocator. Torch reads
-# this at its first allocation, which has not happened yet.
+# The runs here train in this process, so they get huge pages for torch's CPU allocator,
+# as the `qtrain` command sets up its own process (qtrain._malloc). Torch reads this at its
+# first allocation, which has not happened yet. Not the command's kept freed memory: a test
+# worker lives through thousands of tests, and its resident set would stay at the peak of
+# the largest one for the rest of them (tests/test_malloc.py checks that setting itself).
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+
+@pytest.fixture
+def allocator_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a test that calls a benchmark's ``main()``, which sets up its process as the
+    command does: glibc's settings stay as they are in this worker (see above)."""
+    import qtrain._malloc
+
+    monkeypatch.setattr(qtrain._malloc, "keep_freed_memory", lambda: False)
 
 
 def require_ext() -> ModuleType:

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 
-from qtrain._malloc import keep_freed_memory
+from qtrain._malloc import set_up_allocator
 from qtrain.errors import QtrainError, RecipeError, RunFailed
 from qtrain.recipe import Recipe, resolve_toml
 from qtrain.train.progress import Reporter
@@ -462,7 +462,7 @@ def run_worker(recipe: Recipe, reporter: Reporter) -> dict[str, Any]:
         )
     check_launchable(recipe)
     device = worker_device(recipe)
-    keep_freed_memory()  # workers on one machine share its cores; page faults are not free
+    set_up_allocator()  # workers on one machine share its cores; page faults are not free
     if not recipe.train.threads and "LOCAL_WORLD_SIZE" in os.environ:
         local = max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
