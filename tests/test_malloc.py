@@ -43,7 +43,8 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def _faults(mode: str, environ: dict[str, str] | None = None) -> int:
-    env = {k: v for k, v in os.environ.items() if not _is_malloc_setting(k, v)}
+    # this run's own malloc settings only: none inherited from the shell
+    env = {k: v for k, v in os.environ.items() if not malloc_tuned_by_user({k: v})}
     done = subprocess.run(
         [sys.executable, "-c", SECOND_ALLOCATION, mode],
         capture_output=True,
@@ -52,10 +53,6 @@ def _faults(mode: str, environ: dict[str, str] | None = None) -> int:
         env={**env, **(environ or {})},
     )
     return int(done.stdout.split()[-1])
-
-
-def _is_malloc_setting(name: str, value: str) -> bool:
-    return malloc_tuned_by_user({name: value})
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
