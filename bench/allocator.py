@@ -52,7 +52,9 @@ def one_process(setting: str, args: argparse.Namespace, out: Path) -> dict[str, 
         "--json",
         str(out),
     ]
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:  # epoch.py said why on stderr (a bad model or variant name)
+        raise SystemExit(f"bench/epoch.py --allocator {setting} failed (exit {done.returncode})")
     return json.loads(out.read_text())
 
 

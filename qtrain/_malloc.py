@@ -6,8 +6,9 @@ tens of megabytes many times per step (outputs, gradients, zero-filled slice
 gradients), so each one is page-faulted in and zeroed anew. That adds up: one
 GCN layer split for overlap took 1.55x the whole block's time with glibc's
 defaults and 1.10x with this (``bench/overlap_layer.py``), and synthetic-arxiv
-epochs at two threads took 1.4-2.2x as long as with it (``bench/allocator.py``). With mmap off and trimming
-raised, freed blocks stay in the heap and the next step reuses them. The peak
+epochs at two threads took 1.4-2.2x as long with glibc's defaults as with this
+(``bench/allocator.py``). With mmap off and trimming raised, freed blocks stay in
+the heap and the next step reuses them. The peak
 of live memory does not change; the resident set no longer shrinks between
 steps.
 
